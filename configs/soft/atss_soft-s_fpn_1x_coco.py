@@ -1,0 +1,28 @@
+# ATSS, SOFT-Small, COCO: mmdet's standard ATSS schedule (1x, 12 epochs, single scale)
+# with the SOFT paper's optimizer (AdamW lr 1e-4, weight decay 0.01, batch 16 = 8 GPUs x 2
+# images). Paper: 46.7 box AP, 32M params (the paper does not state its ATSS schedule).
+_base_ = 'mmdet::atss/atss_r50_fpn_1x_coco.py'
+custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+
+pretrained = 'checkpoints/soft_small_norm.pth'  # official ImageNet SOFT-Small-Norm
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='SOFT',
+        arch='small',
+        out_indices=(1, 2, 3),  # only the stages the FPN uses (start_level=1)
+        drop_path_rate=0.1,
+        # statistics over the whole batch of 16 (reverted to BN in single-process runs)
+        norm_cfg=dict(type='SyncBN', requires_grad=True),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    neck=dict(in_channels=[128, 320, 512], start_level=0))
+
+optim_wrapper = dict(
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999),
+                   weight_decay=0.01),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.,
+        custom_keys={'pos_embed': dict(decay_mult=0.), 'cls_token': dict(decay_mult=0.)}))
+# for another number of GPUs run tools/train.py with --auto-scale-lr
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,0 +1,8 @@
+# Mask R-CNN, SOFT-Medium, COCO 1x (paper recipe). Paper: 46.6 box / 42.0 mask AP, 65M.
+_base_ = './mask-rcnn_soft-t_fpn_1x_coco.py'
+
+pretrained = 'checkpoints/soft_medium_norm.pth'  # official ImageNet SOFT-Medium-Norm
+
+model = dict(
+    backbone=dict(arch='medium', drop_path_rate=0.2, init_cfg=dict(checkpoint=pretrained)),
+    neck=dict(in_channels=[64, 128, 288, 512]))

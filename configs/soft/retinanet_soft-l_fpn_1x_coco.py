@@ -1,0 +1,7 @@
+# RetinaNet, SOFT-Large, COCO 1x (paper recipe). Paper: 45.3 box AP, 74M params.
+_base_ = './retinanet_soft-t_fpn_1x_coco.py'
+
+pretrained = 'checkpoints/soft_large_norm.pth'  # official ImageNet SOFT-Large-Norm
+
+model = dict(
+    backbone=dict(arch='large', drop_path_rate=0.3, init_cfg=dict(checkpoint=pretrained)))

@@ -1,0 +1,9 @@
+# Mask R-CNN, XCiT-S24/16-SimA, COCO 3x (recipe as XCiT-S12/16-SimA; taps at blocks
+# 8, 12, 16, 24).
+_base_ = './mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py'
+
+pretrained = 'checkpoints/xcit_small_24_p16_224.pth'  # official XCiT-S24/16 ImageNet
+
+model = dict(
+    backbone=dict(arch='s24', out_indices=(7, 11, 15, 23), drop_path_rate=0.1,
+                  init_cfg=dict(checkpoint=pretrained)))

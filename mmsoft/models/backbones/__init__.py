@@ -1,0 +1,4 @@
+from .soft import SOFT
+from .xcit_sima import XCiTSimA
+
+__all__ = ['SOFT', 'XCiTSimA']

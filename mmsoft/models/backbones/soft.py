@@ -1,0 +1,460 @@
+"""SOFT: softmax-free pyramid transformer with attention normalization (SPEC section 1).
+
+Module and parameter names follow the official release, so official ImageNet checkpoints
+load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head).
+"""
+import math
+from typing import Dict, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+
+from ..attention import soft_attention
+from ..utils import DropPath, build_norm, check_depths, load_pretrained
+from ...registry import register_model
+
+__all__ = ['SOFT', 'checkpoint_filter_fn']
+
+
+class SoftKernelAttention(nn.Module):
+    """Landmarks, Gaussian kernel, Newton inverse and the depthwise conv on V (SPEC 1.1)."""
+
+    def __init__(self, head_dims, num_heads, sr_ratio, conv_size, newton_iters=20,
+                 normalize=True, pinv_method='iterative', landmark_grid=None):
+        super().__init__()
+        self.sr_ratio = sr_ratio
+        self.landmark_grid = landmark_grid
+        self.newton_iters = newton_iters
+        self.normalize = normalize
+        self.pinv_method = pinv_method
+        # One landmark conv shared by all heads, then LayerNorm(d) + exact GELU.
+        self.Qlandmark_op = nn.Conv2d(head_dims, head_dims, sr_ratio, sr_ratio, bias=False)
+        self.Qnorm_act = nn.Sequential(nn.LayerNorm(head_dims, eps=1e-5), nn.GELU())
+        # One k×k filter per head, shared by the head's d channels.
+        self.conv = nn.Conv2d(num_heads, num_heads, conv_size, padding=conv_size // 2,
+                              groups=num_heads, bias=False)
+
+    def landmarks(self, q, hw):
+        """(B, h, N, d) scaled queries -> (B, h, m, d) bottleneck tokens Q̃."""
+        B, h, N, d = q.shape
+        H, W = hw
+        x = q.reshape(B * h, H, W, d).permute(0, 3, 1, 2)
+        r, g = self.sr_ratio, self.landmark_grid
+        if g is not None and (H // r > g or W // r > g):
+            # Bounded landmarks: average-pool the queries so that the r×r landmark conv
+            # yields at most g×g landmarks (m stays fixed as N grows; paper Table 8).
+            x = F.adaptive_avg_pool2d(x, (min(H // r, g) * r, min(W // r, g) * r))
+        x = self.Qlandmark_op(x)  # (B·h, d, H/r, W/r)
+        x = x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
+        return self.Qnorm_act(x)
+
+    def forward(self, q, v, hw):
+        B, h, N, d = q.shape
+        H, W = hw
+        q = q / d**0.25
+        lm = self.landmarks(q, hw)
+        out = soft_attention(q, lm, v, iters=self.newton_iters, normalize=self.normalize,
+                             pinv_method=self.pinv_method)
+        v_img = v.permute(0, 3, 1, 2).reshape(B * d, h, H, W)
+        local = self.conv(v_img).reshape(B, d, h, N).permute(0, 2, 3, 1)
+        return out + local
+
+
+class SoftMultiHeadAttention(nn.Module):
+    """Q = K projection, V projection, kernel attention, output projection ``ff``."""
+
+    def __init__(self, embed_dims, num_heads, sr_ratio, conv_size, **attn_kwargs):
+        super().__init__()
+        self.num_heads = num_heads
+        self.W_q = nn.Linear(embed_dims, embed_dims)
+        self.W_v = nn.Linear(embed_dims, embed_dims)
+        self.attn = SoftKernelAttention(embed_dims // num_heads, num_heads, sr_ratio,
+                                        conv_size, **attn_kwargs)
+        self.ff = nn.Linear(embed_dims, embed_dims)
+
+    def forward(self, x, hw):
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.W_q(x).reshape(B, N, h, C // h).transpose(1, 2)
+        v = self.W_v(x).reshape(B, N, h, C // h).transpose(1, 2)
+        out = self.attn(q, v, hw).transpose(1, 2).reshape(B, N, C)
+        return self.ff(out)
+
+
+class SoftLayer(nn.Module):
+    """Post-norm SOFT layer (SPEC 1.2): LN(x + attn), LN(y + FF(GELU_tanh(FF(y))))."""
+
+    def __init__(self, embed_dims, num_heads, sr_ratio, conv_size, drop_path=0.,
+                 **attn_kwargs):
+        super().__init__()
+        self.mha = SoftMultiHeadAttention(embed_dims, num_heads, sr_ratio, conv_size,
+                                          **attn_kwargs)
+        self.norm1 = nn.LayerNorm(embed_dims, eps=1e-5)
+        self.ff1 = nn.Linear(embed_dims, 4 * embed_dims)
+        self.ff2 = nn.Linear(4 * embed_dims, embed_dims)
+        self.norm2 = nn.LayerNorm(embed_dims, eps=1e-5)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x, hw):
+        y = self.norm1(x + self.drop_path(self.mha(x, hw)))
+        ff = self.ff2(F.gelu(self.ff1(y), approximate='tanh'))
+        return self.norm2(y + self.drop_path(ff))
+
+
+class SoftBlock(nn.Module):
+    """Wrapper that gives the official key path ``block{s}.{i}.att.*``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.att = SoftLayer(*args, **kwargs)
+
+    def forward(self, x, hw):
+        return self.att(x, hw)
+
+
+class SoftmaxAttention(nn.Module):
+    """Stage-4 softmax attention (PVT style, sr_ratio 1): ``q``, ``kv``, ``proj``."""
+
+    def __init__(self, embed_dims, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(embed_dims, embed_dims)
+        self.kv = nn.Linear(embed_dims, 2 * embed_dims)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x).reshape(B, N, h, C // h).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, h, C // h).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v)  # scale d^-1/2
+        return self.proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+class Mlp(nn.Module):
+
+    def __init__(self, embed_dims, hidden_dims):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SoftmaxBlock(nn.Module):
+    """Pre-norm stage-4 block (SPEC 1.2), LayerNorm eps 1e-6, MLP ratio 4."""
+
+    def __init__(self, embed_dims, num_heads, drop_path=0.):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dims, eps=1e-6)
+        self.attn = SoftmaxAttention(embed_dims, num_heads)
+        self.norm2 = nn.LayerNorm(embed_dims, eps=1e-6)
+        self.mlp = Mlp(embed_dims, 4 * embed_dims)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x, hw):
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class PatchEmbed(nn.Module):
+    """Convolutional downsampling with the official ``proj`` Sequential layout."""
+
+    def __init__(self, in_channels, embed_dims, norm_cfg, stem=False):
+        super().__init__()
+
+        def conv_bn_relu(cin, cout, stride):
+            return [nn.Conv2d(cin, cout, 3, stride, 1), build_norm(norm_cfg, cout),
+                    nn.ReLU(inplace=True)]
+
+        if stem:  # stride 4: conv s2 (3->32), conv s1 (32->32), conv s2 (32->C1)
+            layers = (conv_bn_relu(in_channels, 32, 2) + conv_bn_relu(32, 32, 1) +
+                      conv_bn_relu(32, embed_dims, 2))
+        else:
+            layers = conv_bn_relu(in_channels, embed_dims, 2)
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def resize_pos_embed(pos_embed, grid, hw):
+    """Learned (1, g·g, C) position embedding, bilinearly resized to the (H, W) grid."""
+    C = pos_embed.shape[-1]
+    pe = pos_embed.reshape(1, grid, grid, C).permute(0, 3, 1, 2)
+    if (grid, grid) != tuple(hw):
+        pe = F.interpolate(pe, size=hw, mode='bilinear', align_corners=False)
+    return pe.flatten(2).transpose(1, 2)
+
+
+@register_model()
+class SOFT(BaseModule):
+    """SOFT backbone with attention normalization (TPAMI extension of NeurIPS 2021 SOFT).
+
+    A four-stage pyramid (strides 4, 8, 16, 32). Stages 1–3 use softmax-free Gaussian-kernel
+    attention through learned landmarks and a Newton–Raphson pseudo-inverse; stage 4 uses
+    softmax attention, as all released models do.
+
+    Args:
+        arch (str | dict): 'tiny', 'small', 'medium', 'large', 'huge' (paper Table 2; the
+            first letter works too) or a dict with ``embed_dims``, ``num_heads``,
+            ``depths`` and optionally ``sr_ratios``.
+        in_channels (int): input image channels.
+        out_indices (Sequence[int]): stages (0–3) whose maps are returned. Stages after the
+            last index are not built.
+        with_cls_token (bool): prepend the class token in stage 4, as in ImageNet training
+            (so pretrained weights see what they were trained on).
+        out_type (str): what stage 4 returns: 'featmap', the (B, C, H/32, W/32) map, or
+            'cls_token', the normalized (B, C) class token (for ImageNet classification,
+            as the official model classifies).
+        newton_iters (int): Newton–Raphson steps T for the pseudo-inverse.
+        attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25);
+            False is the NeurIPS SOFT (paper Table 10 ablation).
+        pinv_method (str): 'iterative' runs the T iterations; 'spectral' evaluates the same
+            T-step iterate by eigendecomposition (same result, faster at large m).
+        landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
+            (queries are average-pooled before the landmark conv when the r×r windows
+            would give more), so cost stays linear in the number of tokens. None (the
+            default) keeps the paper's m = ⌊H/r⌋·⌊W/r⌋, which grows with the input.
+        drop_rate (float): dropout after the position embedding.
+        drop_path_rate (float): stochastic depth, increasing linearly over all blocks.
+        norm_cfg (dict): norm of the convolutional patch embeddings.
+        frozen_stages (int): freeze (no grad, eval mode) the first ``frozen_stages``
+            stages: patch embedding, position embedding and blocks; -1 freezes nothing.
+        with_cp (bool): activation checkpointing of every block.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads an
+            official SOFT checkpoint or an mmengine checkpoint.
+    """
+    arch_zoo: Dict[str, dict] = {
+        **dict.fromkeys(['t', 'tiny'], dict(
+            embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 2, 3, 2])),
+        **dict.fromkeys(['s', 'small'], dict(
+            embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 3, 7, 4])),
+        **dict.fromkeys(['m', 'medium'], dict(
+            embed_dims=[64, 128, 288, 512], num_heads=[2, 4, 9, 16], depths=[1, 3, 29, 5])),
+        **dict.fromkeys(['l', 'large'], dict(
+            embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], depths=[1, 3, 40, 5])),
+        **dict.fromkeys(['h', 'huge'], dict(
+            embed_dims=[64, 128, 352, 512], num_heads=[2, 4, 11, 16], depths=[1, 5, 49, 5])),
+    }
+    essential_keys = {'embed_dims', 'num_heads', 'depths'}
+    # Position-embedding grids of ImageNet training (224² input), SPEC 1.3.
+    pos_grids = (56, 28, 14, 7)
+    dwconv_sizes = (9, 5, 3)  # depthwise conv on V, stages 1-3
+    # The smallest input side for which stage 1 still has one landmark (⌈H/4⌉ ≥ 8).
+    min_input_size = 29
+
+    def __init__(self,
+                 arch='small',
+                 in_channels=3,
+                 out_indices=(0, 1, 2, 3),
+                 with_cls_token=True,
+                 out_type='featmap',
+                 newton_iters=20,
+                 attn_normalize=True,
+                 pinv_method='iterative',
+                 landmark_grid=None,
+                 drop_rate=0.,
+                 drop_path_rate=0.1,
+                 norm_cfg=dict(type='BN'),
+                 frozen_stages=-1,
+                 with_cp=False,
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        arch = self._parse_arch(arch)
+        self.embed_dims = list(arch['embed_dims'])
+        self.num_heads = list(arch['num_heads'])
+        self.depths = list(arch['depths'])
+        self.sr_ratios = list(arch.get('sr_ratios', [8, 4, 2, 1]))
+        for name in ('embed_dims', 'num_heads', 'depths', 'sr_ratios'):
+            if len(getattr(self, name)) != 4:
+                raise ValueError(f'arch {name} must have 4 entries (one per stage), '
+                                 f'got {getattr(self, name)}')
+        for i, (c, h) in enumerate(zip(self.embed_dims, self.num_heads)):
+            if c % h != 0:
+                raise ValueError(f'arch embed_dims[{i}]={c} is not divisible by '
+                                 f'num_heads[{i}]={h}')
+        if self.sr_ratios[3] != 1:
+            raise ValueError(f'stage 4 uses full softmax attention: sr_ratios[3] must be '
+                             f'1, got {self.sr_ratios[3]}')
+
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        out_indices = sorted(int(i) for i in out_indices)
+        if not out_indices or any(i < 0 or i > 3 for i in out_indices):
+            raise ValueError(f'out_indices must be a non-empty subset of (0, 1, 2, 3), got '
+                             f'{out_indices}')
+        self.out_indices = tuple(out_indices)
+        self.num_stages = out_indices[-1] + 1
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}] (the number '
+                             f'of built stages), got {frozen_stages}')
+        if pinv_method not in ('iterative', 'spectral'):
+            raise ValueError(f"pinv_method must be 'iterative' or 'spectral', got "
+                             f'{pinv_method!r}')
+        if landmark_grid is not None and landmark_grid < 1:
+            raise ValueError(f'landmark_grid must be None or >= 1, got {landmark_grid}')
+        if newton_iters < 1:
+            raise ValueError(f'newton_iters must be >= 1, got {newton_iters}')
+        if out_type not in ('featmap', 'cls_token'):
+            raise ValueError(f"out_type must be 'featmap' or 'cls_token', got {out_type!r}")
+        if out_type == 'cls_token' and not (with_cls_token and 3 in self.out_indices):
+            raise ValueError("out_type='cls_token' needs with_cls_token=True and stage 3 "
+                             'in out_indices')
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+        self.with_cls_token = with_cls_token
+        self.out_type = out_type
+
+        total = sum(self.depths)
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, total)]
+        attn_kwargs = dict(newton_iters=newton_iters, normalize=attn_normalize,
+                           pinv_method=pinv_method, landmark_grid=landmark_grid)
+        cur = 0
+        cin = in_channels
+        for s in range(self.num_stages):
+            C, h, depth = self.embed_dims[s], self.num_heads[s], self.depths[s]
+            setattr(self, f'patch_embed{s + 1}', PatchEmbed(cin, C, norm_cfg, stem=(s == 0)))
+            n_pos = self.pos_grids[s]**2 + (1 if s == 3 else 0)
+            setattr(self, f'pos_embed{s + 1}', nn.Parameter(torch.zeros(1, n_pos, C)))
+            if s < 3:
+                blocks = [SoftBlock(C, h, self.sr_ratios[s], self.dwconv_sizes[s],
+                                    drop_path=dpr[cur + j], **attn_kwargs)
+                          for j in range(depth)]
+            else:
+                blocks = [SoftmaxBlock(C, h, drop_path=dpr[cur + j]) for j in range(depth)]
+            setattr(self, f'block{s + 1}', nn.ModuleList(blocks))
+            cur += depth
+            cin = C
+        self.pos_drop = nn.Dropout(drop_rate)
+        if self.num_stages == 4:
+            if with_cls_token:
+                self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
+            self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
+
+    # -- construction helpers -----------------------------------------------------------
+    def _parse_arch(self, arch):
+        if isinstance(arch, str):
+            key = arch.lower()
+            if key not in self.arch_zoo:
+                raise ValueError(f'Unknown SOFT arch {arch!r}; choose from '
+                                 f'{sorted(set(self.arch_zoo))} or pass a dict')
+            return self.arch_zoo[key]
+        if not isinstance(arch, dict) or not self.essential_keys <= set(arch):
+            raise ValueError(f'Custom SOFT arch needs a dict with keys '
+                             f'{sorted(self.essential_keys)} (optional: sr_ratios), '
+                             f'got {arch!r}')
+        return arch
+
+    def init_weights(self):
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            load_pretrained(self, self.init_cfg['checkpoint'], checkpoint_filter_fn,
+                            prefix=self.init_cfg.get('prefix'))
+            self._is_init = True
+            return
+        if self.init_cfg is not None:  # another mmengine initializer
+            super().init_weights()
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+                nn.init.normal_(m.weight, 0, math.sqrt(2.0 / fan_out))
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for s in range(self.num_stages):
+            trunc_normal_(getattr(self, f'pos_embed{s + 1}'), std=.02)
+        if getattr(self, 'cls_token', None) is not None:
+            trunc_normal_(self.cls_token, std=.02)
+
+    # -- freezing -----------------------------------------------------------------------
+    def _stage_modules(self, s):
+        mods = [getattr(self, f'patch_embed{s + 1}'), getattr(self, f'block{s + 1}')]
+        params = [getattr(self, f'pos_embed{s + 1}')]
+        if s == 3:
+            mods.append(self.norm)
+            if self.with_cls_token:
+                params.append(self.cls_token)
+        return mods, params
+
+    def _freeze_stages(self):
+        for s in range(max(self.frozen_stages, 0)):
+            mods, params = self._stage_modules(s)
+            for m in mods:
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+            for p in params:
+                p.requires_grad = False
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    # -- forward ------------------------------------------------------------------------
+    def _run_block(self, blk, x, hw):
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(blk, x, hw, use_reentrant=False)
+        return blk(x, hw)
+
+    def forward(self, x):
+        if x.dim() != 4:
+            raise ValueError(f'SOFT expects a (B, C, H, W) batch, got shape {tuple(x.shape)}')
+        if min(x.shape[-2:]) < self.min_input_size:
+            raise ValueError(f'SOFT needs inputs of at least {self.min_input_size}×'
+                             f'{self.min_input_size} pixels (stage 1 must hold one 8×8 '
+                             f'landmark window), got {tuple(x.shape[-2:])}')
+        outs = []
+        B = x.shape[0]
+        for s in range(self.num_stages):
+            x = getattr(self, f'patch_embed{s + 1}')(x)
+            H, W = x.shape[-2:]
+            x = x.flatten(2).transpose(1, 2)
+            pos = getattr(self, f'pos_embed{s + 1}')
+            if s == 3:
+                spatial = resize_pos_embed(pos[:, 1:], self.pos_grids[s], (H, W))
+                x = x + spatial
+                if self.with_cls_token:
+                    cls = self.cls_token.expand(B, -1, -1) + pos[:, :1]
+                    x = torch.cat([cls, x], dim=1)
+            else:
+                x = x + resize_pos_embed(pos, self.pos_grids[s], (H, W))
+            x = self.pos_drop(x)
+            for blk in getattr(self, f'block{s + 1}'):
+                x = self._run_block(blk, x, (H, W))
+            if s == 3:
+                x = self.norm(x)
+                if self.out_type == 'cls_token':
+                    outs.append(x[:, 0])
+                    break
+                if self.with_cls_token:
+                    x = x[:, 1:]
+            x = x.transpose(1, 2).reshape(B, -1, H, W)
+            if s in self.out_indices:
+                outs.append(x)
+        return tuple(outs)
+
+
+def checkpoint_filter_fn(state_dict, model):
+    """Adapt an official SOFT state dict to ``model``: drop the classification head and
+    check that depths and widths agree before any weight is copied."""
+    out = {k: v for k, v in state_dict.items() if not k.startswith('head.')}
+    ckpt_depths = []
+    for s in range(4):
+        ids = {int(k.split('.')[1]) for k in out if k.startswith(f'block{s + 1}.')}
+        ckpt_depths.append(max(ids) + 1 if ids else 0)
+    check_depths(ckpt_depths[:model.num_stages], model.depths[:model.num_stages], 'SOFT')
+    return out

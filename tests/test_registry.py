@@ -1,0 +1,50 @@
+"""mmsoft's backbones build by type name from mmdet, mmseg and mmpretrain scopes."""
+import importlib
+
+import pytest
+import torch
+from mmengine.registry import init_default_scope
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg', 'mmpretrain'])
+@pytest.mark.parametrize('type_name', ['SOFT', 'mmsoft.SOFT', 'XCiTSimA', 'mmsoft.XCiTSimA'])
+def test_build_from_codebase_scope(scope, type_name):
+    import mmsoft  # noqa: F401
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    init_default_scope(scope)
+    arch = 'tiny' if 'SOFT' in type_name else 't12'
+    model = registry.build(dict(type=type_name, arch=arch))
+    from mmsoft.models import SOFT, XCiTSimA
+    assert isinstance(model, SOFT if 'SOFT' in type_name else XCiTSimA)
+
+
+def test_xcit_name_does_not_collide_with_mmpretrain():
+    import mmsoft  # noqa: F401
+    from mmpretrain.registry import MODELS
+    init_default_scope('mmpretrain')
+    xcit = MODELS.get('XCiT')
+    assert xcit.__module__.startswith('mmpretrain')
+
+
+def test_import_twice_and_reload():
+    import mmsoft
+    import mmsoft.models.backbones.soft as soft_mod
+    importlib.reload(soft_mod)
+    from mmengine.config import Config
+    from mmengine.utils import import_modules_from_strings
+    cfg = Config(dict(custom_imports=dict(imports=['mmsoft'], allow_failed_imports=False)))
+    import_modules_from_strings(**cfg.custom_imports)
+    importlib.reload(mmsoft)
+    from mmdet.registry import MODELS
+    init_default_scope('mmdet')
+    assert MODELS.build(dict(type='SOFT', arch='tiny'))(torch.randn(1, 3, 64, 64))
+
+
+def test_foreign_class_with_same_name_is_refused():
+    from mmsoft.registry import MODELS, _register
+
+    class SOFT(torch.nn.Module):  # noqa: N801 - a different project's class
+        pass
+
+    with pytest.raises(KeyError, match='already registered'):
+        _register(MODELS, SOFT)

@@ -1,0 +1,209 @@
+"""The SOFT backbone: parity with the official code, shapes, options, checkpoints."""
+import copy
+
+import pytest
+import torch
+from conftest import data_path, rel_err
+
+from mmsoft.models import SOFT
+
+FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
+CKPT = data_path('soft_public_checkpoint.pth')
+
+
+def fixture_model(**kwargs):
+    kwargs.setdefault('init_cfg', dict(type='Pretrained', checkpoint=CKPT))
+    model = SOFT(arch=FIXTURE_ARCH, drop_path_rate=0., **kwargs)
+    model.init_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope='module')
+def expected():
+    return torch.load(data_path('soft_public_expected.pth'))
+
+
+@pytest.mark.parametrize('pinv_method', ['iterative', 'spectral'])
+def test_parity_with_official_checkpoint(expected, pinv_method):
+    model = fixture_model(pinv_method=pinv_method)
+    with torch.no_grad():
+        outs = model(expected['input'])
+    names = ['stage1', 'stage2', 'stage3', 'stage4_norm']
+    for out, name in zip(outs, names):
+        assert out.shape == expected[name].shape, name
+        assert rel_err(out, expected[name]) <= 1e-4, (name, rel_err(out, expected[name]))
+
+
+def test_parity_needs_the_normalization(expected):
+    """Switching attention normalization off must change the outputs (it is not a no-op)."""
+    model = fixture_model(attn_normalize=False)
+    with torch.no_grad():
+        outs = model(expected['input'])
+    assert rel_err(outs[0], expected['stage1']) > 1e-2
+
+
+def test_loads_mmengine_and_plain_formats(tmp_path, expected):
+    ref = fixture_model()
+    sd = ref.state_dict()
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in sd.items()},
+                'meta': {}}, tmp_path / 'mm.pth')
+    torch.save(sd, tmp_path / 'plain.pth')
+    for name in ('mm.pth', 'plain.pth'):
+        model = fixture_model(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / name)))
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, sd[k]), k
+
+
+def test_prefers_ema_weights():
+    ck = torch.load(CKPT, weights_only=True)
+    model = fixture_model()
+    w = model.state_dict()['block1.0.att.mha.W_q.weight']
+    assert torch.equal(w, ck['state_dict_ema']['block1.0.att.mha.W_q.weight'])
+
+
+def test_depth_mismatch_is_reported():
+    arch = dict(FIXTURE_ARCH, depths=[1, 1, 3, 1])
+    model = SOFT(arch=arch, init_cfg=dict(type='Pretrained', checkpoint=CKPT))
+    with pytest.raises(ValueError, match=r'depths \[1, 1, 2, 1\].*\[1, 1, 3, 1\]'):
+        model.init_weights()
+
+
+def test_width_mismatch_names_the_parameter():
+    arch = dict(FIXTURE_ARCH, embed_dims=[32, 64, 128, 128], num_heads=[1, 2, 4, 4])
+    model = SOFT(arch=arch, init_cfg=dict(type='Pretrained', checkpoint=CKPT))
+    with pytest.raises(ValueError, match=r'parameter pos_embed3 has shape \(1, 196, 96\)'):
+        model.init_weights()
+
+
+def test_missing_checkpoint_names_the_path():
+    model = SOFT(arch=FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint='/no/such.pth'))
+    with pytest.raises(FileNotFoundError, match='/no/such.pth'):
+        model.init_weights()
+
+
+def test_batch_invariance():
+    model = SOFT(arch='tiny', drop_path_rate=0.)
+    model.init_weights()
+    model.eval()
+    x = torch.randn(3, 3, 96, 96)
+    x[1] *= 4  # very different statistics in the batch: per-matrix α must not mix them
+    with torch.no_grad():
+        batched = model(x)
+        single = model(x[:1])
+    for b, s in zip(batched, single):
+        assert rel_err(b[:1], s) < 1e-5
+
+
+@pytest.mark.parametrize('hw', [(97, 131), (64, 33), (29, 29)])
+def test_odd_input_sizes(hw):
+    model = SOFT(arch='tiny')
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    h, w = hw
+    for i, out in enumerate(outs):
+        for _ in range(2 if i == 0 else 1):  # stem: two stride-2 convs; later stages: one
+            h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        assert out.shape == (1, model.embed_dims[i], h, w)
+        assert torch.isfinite(out).all()
+
+
+def test_too_small_input_raises():
+    model = SOFT(arch='tiny')
+    with pytest.raises(ValueError, match='at least 29'):
+        model(torch.randn(1, 3, 28, 64))
+
+
+PAPER_PARAMS = {'tiny': 13e6, 'small': 24e6, 'medium': 45e6, 'large': 64e6, 'huge': 87e6}
+
+
+@pytest.mark.parametrize('arch', list(PAPER_PARAMS))
+def test_parameter_counts_match_paper(arch):
+    model = SOFT(arch=arch)
+    n = sum(p.numel() for p in model.parameters()) + 512 * 1000 + 1000  # + linear head
+    assert abs(n - PAPER_PARAMS[arch]) / PAPER_PARAMS[arch] < 0.02, n
+
+
+def test_out_indices_and_cls_token():
+    model = SOFT(arch='tiny', out_indices=(1, 2))
+    assert model.num_stages == 3 and not hasattr(model, 'block4')
+    outs = model(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [128, 320]
+    a = SOFT(arch='tiny', with_cls_token=True, drop_path_rate=0.)
+    a.init_weights()
+    b = SOFT(arch='tiny', with_cls_token=False, drop_path_rate=0.)
+    b.load_state_dict(a.state_dict(), strict=False)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert not torch.allclose(a.eval()(x)[3], b.eval()(x)[3])
+        assert torch.allclose(a(x)[2], b(x)[2])
+
+
+def test_frozen_stages_and_train_returns_self():
+    model = SOFT(arch='tiny', frozen_stages=2)
+    assert model.train() is model and model.eval() is model
+    model.train()
+    assert not model.patch_embed1.proj[1].training
+    assert not model.block2[0].att.norm1.weight.requires_grad
+    assert not model.pos_embed2.requires_grad
+    assert model.pos_embed3.requires_grad and model.patch_embed3.proj[1].training
+
+
+def test_with_cp_gives_same_gradients():
+    model = SOFT(arch='tiny', drop_path_rate=0.)
+    model.init_weights()
+    model_cp = copy.deepcopy(model)
+    model_cp.with_cp = True
+    x = torch.randn(2, 3, 64, 64)
+    grads = []
+    for m in (model, model_cp):
+        m.train()
+        m.zero_grad()
+        sum(o.sum() for o in m(x)).backward()
+        grads.append(m.block3[0].att.mha.W_q.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_drop_path_is_stochastic_depth():
+    model = SOFT(arch='tiny', drop_path_rate=0.5)
+    model.init_weights()
+    model.train()
+    x = torch.randn(1, 3, 64, 64)
+    torch.manual_seed(1)
+    a = model(x)[2]
+    torch.manual_seed(2)
+    b = model(x)[2]
+    assert not torch.allclose(a, b)
+    model.eval()
+    assert torch.allclose(model(x)[2], model(x)[2])
+
+
+def test_invalid_configs():
+    with pytest.raises(ValueError, match='Unknown SOFT arch'):
+        SOFT(arch='gigantic')
+    with pytest.raises(ValueError, match='needs a dict with keys'):
+        SOFT(arch=dict(embed_dims=[64] * 4))
+    with pytest.raises(ValueError, match='not divisible'):
+        SOFT(arch=dict(embed_dims=[64, 128, 320, 512], num_heads=[3, 4, 10, 16],
+                       depths=[1, 1, 1, 1]))
+    with pytest.raises(ValueError, match='out_indices'):
+        SOFT(arch='tiny', out_indices=(0, 4))
+    with pytest.raises(ValueError, match='frozen_stages'):
+        SOFT(arch='tiny', frozen_stages=5)
+    with pytest.raises(ValueError, match='pinv_method'):
+        SOFT(arch='tiny', pinv_method='svd')
+
+
+def test_autocast_bfloat16_is_finite():
+    model = SOFT(arch='tiny')
+    model.init_weights()
+    model.eval()
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            outs = model(x)
+    for o, r in zip(outs, ref):
+        assert torch.isfinite(o).all()
+        assert rel_err(o.float(), r) < 0.1

@@ -1,0 +1,143 @@
+"""The XCiT-SimA backbone: parity with the official SimA code, pyramid, options."""
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import data_path, rel_err
+
+from mmsoft.models import XCiTSimA
+from mmsoft.models.backbones.xcit_sima import fourier_position_encoding
+
+FIXTURE_ARCH = dict(embed_dims=64, depth=4, num_heads=2, eta=1.0)
+CKPT = data_path('sima_public_checkpoint.pth')
+
+
+def fixture_model(checkpoint=CKPT, **kwargs):
+    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=16, out_indices=(0, 1, 2, 3),
+                     drop_path_rate=0., init_cfg=dict(type='Pretrained', checkpoint=checkpoint),
+                     **kwargs)
+    model.init_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope='module')
+def expected():
+    return torch.load(data_path('sima_public_expected.pth'))
+
+
+def test_parity_with_official_checkpoint(expected):
+    model = fixture_model()
+    with torch.no_grad():
+        outs = model(expected['input'])
+    assert [tuple(o.shape[-2:]) for o in outs] == [(24, 32), (12, 16), (6, 8), (3, 4)]
+    assert rel_err(outs[2], expected['block2']) <= 1e-4
+    assert rel_err(outs[3], F.max_pool2d(expected['block3'], 2)) <= 1e-4
+
+
+def test_loads_official_xcit_file_with_temperatures(tmp_path, expected):
+    ck = torch.load(CKPT, weights_only=True)
+    sd = dict(ck['model'])
+    for i in range(4):
+        sd[f'blocks.{i}.attn.temperature'] = torch.ones(2, 1, 1)
+    torch.save({'model': sd}, tmp_path / 'xcit.pth')
+    model = fixture_model(str(tmp_path / 'xcit.pth'))
+    with torch.no_grad():
+        assert rel_err(model(expected['input'])[2], expected['block2']) <= 1e-4
+
+
+def test_loads_mmengine_checkpoint(tmp_path):
+    ref = fixture_model()
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in ref.state_dict().items()},
+                'meta': {}}, tmp_path / 'mm.pth')
+    model = fixture_model(str(tmp_path / 'mm.pth'))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), k
+
+
+def test_depth_mismatch_is_reported():
+    model = XCiTSimA(arch=dict(FIXTURE_ARCH, depth=6), out_indices=(1, 2, 3, 5),
+                     init_cfg=dict(type='Pretrained', checkpoint=CKPT))
+    with pytest.raises(ValueError, match=r'depths \[4\].*\[6\]'):
+        model.init_weights()
+
+
+def test_fourier_encoding_layout():
+    pos = fourier_position_encoding(3, 5, hidden_dim=4)
+    assert pos.shape == (1, 8, 3, 5)
+    x = torch.arange(1, 6) / (5 + 1e-6) * 2 * torch.pi
+    # channels 4..7 are pos_x: sin(x/1), cos(x/1), sin(x/100), cos(x/100)
+    assert torch.allclose(pos[0, 4, 0], torch.sin(x))
+    assert torch.allclose(pos[0, 5, 2], torch.cos(x))
+    assert torch.allclose(pos[0, 6, 1], torch.sin(x / 100))
+
+
+@pytest.mark.parametrize('patch_size', [16, 8])
+@pytest.mark.parametrize('hw', [(64, 96), (97, 131)])
+def test_pyramid_strides(patch_size, hw):
+    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=patch_size, out_indices=(0, 1, 2, 3))
+    model.init_weights()
+    model.eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    hp = [-(-s // patch_size) for s in hw]  # conv stem: ceil(H / p)
+    scale = patch_size // 4
+    expected = [(hp[0] * scale, hp[1] * scale), (hp[0] * scale // 2, hp[1] * scale // 2)]
+    assert tuple(outs[0].shape[-2:]) == expected[0]
+    assert tuple(outs[1].shape[-2:]) == expected[1]
+    for o in outs:
+        assert o.shape[1] == 64 and torch.isfinite(o).all()
+
+
+def test_batch_invariance():
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), drop_path_rate=0.)
+    model.init_weights()
+    model.eval()
+    x = torch.randn(3, 3, 64, 64)
+    x[2] *= 3
+    with torch.no_grad():
+        batched = model(x)
+        single = model(x[2:])
+    for b, s in zip(batched, single):
+        assert rel_err(b[2:], s) < 1e-5
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_autocast_finite_at_detection_size(dtype):
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3))
+    model.init_weights()
+    model.eval()
+    x = torch.randn(1, 3, 800, 1333)
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast('cpu', dtype=dtype):
+            outs = model(x)
+    for o, r in zip(outs, ref):
+        assert torch.isfinite(o).all()
+        assert rel_err(o.float(), r) < 0.05
+
+
+def test_default_taps_and_frozen_stages():
+    assert XCiTSimA(arch='t12').out_indices == (3, 5, 7, 11)
+    model = XCiTSimA(arch=dict(embed_dims=64, depth=24, num_heads=2, eta=1e-5),
+                     frozen_stages=2)
+    assert model.out_indices == (7, 11, 15, 23)
+    assert model.train() is model
+    assert not model.patch_embed.proj[0][1].training
+    assert not model.blocks[1].gamma1.requires_grad
+    assert model.blocks[2].gamma1.requires_grad
+    assert model.blocks[0].gamma1[0].item() == pytest.approx(1e-5)
+
+
+def test_invalid_configs():
+    with pytest.raises(ValueError, match='Unknown XCiTSimA arch'):
+        XCiTSimA(arch='s36')
+    with pytest.raises(ValueError, match='needs a dict with keys'):
+        XCiTSimA(arch=dict(embed_dims=64, depth=4))
+    with pytest.raises(ValueError, match='patch_size'):
+        XCiTSimA(arch='t12', patch_size=14)
+    with pytest.raises(ValueError, match='not divisible'):
+        XCiTSimA(arch=dict(embed_dims=66, depth=4, num_heads=4, eta=1.0),
+                 out_indices=(0, 1, 2, 3))
+    with pytest.raises(ValueError, match='out_indices'):
+        XCiTSimA(arch='t12', out_indices=(3, 5, 7, 12))
+    with pytest.raises(ValueError, match='frozen_stages'):
+        XCiTSimA(arch='t12', frozen_stages=13)

@@ -1,0 +1,355 @@
+"""Speed, memory and scaling of the mmsoft backbones next to mmdet's Swin-T, PVT-Small,
+ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
+
+Sections (``--sections``, default all):
+  speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios
+  train    forward + backward of the SOFT-Small backbone (a training step, no optimizer)
+  modes    SOFT attention modes: time and deviation from the 20-iteration reference on the
+           parity fixture input and on a real photo (scikit-image's astronaut)
+  scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
+           with vanilla softmax attention (PVT-Small without spatial reduction) as the
+           quadratic baseline; ``--plot FILE.png`` draws it
+
+"official order" is our own re-implementation of the official SOFT code's computation
+order (P computed twice, (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations); its outputs
+equal the reference, only its cost differs.
+
+Usage: python tools/benchmark.py [--device cpu|cuda] [--sections speed,modes] [--plot f.png]
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+# ----------------------------------------------------------------------------- models
+def official_order_attention(q, landmarks, v, iters=20, normalize=True, **_):
+    """The official code's order of computation (for timing; same value as ours)."""
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv, normalize_inverse
+    A = gaussian_kernel(landmarks, landmarks)
+    Y = newton_pinv(A, iters=iters, method='iterative')
+    if normalize:
+        Y = normalize_inverse(A, Y)
+    left = gaussian_kernel(q, landmarks) @ Y  # (P·Â): O(N·m²)
+    right = gaussian_kernel(landmarks, q) @ v  # P computed a second time
+    return left @ right
+
+
+SOFT_MODES = {
+    # name: (SOFT kwargs, description)
+    'official order': (dict(pinv_method='iterative'), 'reference algorithm, official cost'),
+    'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
+    'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh (default)'),
+    'grid16': (dict(pinv_method='spectral', landmark_grid=16),
+               'fast: at most 16×16 landmarks'),
+    'grid8': (dict(pinv_method='spectral', landmark_grid=8), 'fast: at most 8×8 landmarks'),
+}
+
+
+class _OfficialOrder:
+    """Context manager that swaps the SOFT attention for the official computation order."""
+
+    def __enter__(self):
+        import mmsoft.models.backbones.soft as soft_mod
+        self.mod, self.orig = soft_mod, soft_mod.soft_attention
+        soft_mod.soft_attention = official_order_attention
+
+    def __exit__(self, *exc):
+        self.mod.soft_attention = self.orig
+
+
+def build(name, mode='spectral'):
+    """A backbone in eval mode, randomly initialized (timings do not depend on weights)."""
+    import mmsoft  # noqa: F401
+    from mmsoft.models import SOFT, XCiTSimA
+    if name == 'SOFT-S':
+        return SOFT(arch='small', drop_path_rate=0., **SOFT_MODES[mode][0])
+    if name == 'XCiT-SimA-S12/16':
+        return XCiTSimA(arch='s12', patch_size=16, drop_path_rate=0.)
+    from mmdet.models.backbones import PyramidVisionTransformer, ResNet, SwinTransformer
+    if name == 'Swin-T':
+        return SwinTransformer()
+    if name == 'PVT-S':
+        return PyramidVisionTransformer(num_layers=[3, 4, 6, 3])
+    if name == 'PVT-S softmax (no SR)':
+        return PyramidVisionTransformer(num_layers=[3, 4, 6, 3], sr_ratios=[1, 1, 1, 1])
+    if name == 'ResNet-50':
+        return ResNet(depth=50)
+    if name == 'XCiT-S12/16 (mmpretrain)':
+        from mmpretrain.models.backbones import XCiT
+        return XCiT(embed_dims=384, depth=12, num_heads=8, out_type='featmap')
+    raise KeyError(name)
+
+
+def measure(model, size, device, repeat, train=False, official=False):
+    """Median seconds of forward (or forward+backward) at batch 1."""
+    model = model.to(device)
+    model.train(train)
+    x = torch.randn(1, 3, *size, device=device, requires_grad=False)
+    times = []
+    ctx = _OfficialOrder() if official else _Null()
+    with ctx:
+        for i in range(repeat + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            if train:
+                outs = model(x)
+                sum(o.float().mean() for o in outs).backward()
+                model.zero_grad(set_to_none=True)
+            else:
+                with torch.no_grad():
+                    model(x)
+            _sync(device)
+            if i > 0 or repeat == 0:
+                times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+class _Null:
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _sync(device):
+    if device == 'cuda':
+        torch.cuda.synchronize()
+
+
+def parse_size(s):
+    h, w = s.lower().split('x')
+    return int(h), int(w)
+
+
+def fmt(s):
+    return f'{s:.3f} s' if s < 100 else f'{s:.0f} s'
+
+
+# ----------------------------------------------------------------------------- sections
+def section_speed(args, out):
+    names = ['SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
+             'XCiT-S12/16 (mmpretrain)']
+    rows = {}
+    for size in args.sizes:
+        hw = parse_size(size)
+        for name in names:
+            rows.setdefault(name, {})[size] = measure(build(name), hw, args.device,
+                                                      args.repeat)
+        if not args.skip_official:
+            rows.setdefault('SOFT-S official order', {})[size] = measure(
+                build('SOFT-S', 'official order'), hw, args.device,
+                0 if hw[0] * hw[1] > 600 * 600 else args.repeat, official=True)
+        print(f'  measured {size}', flush=True)
+    lines = ['| backbone | ' + ' | '.join(args.sizes) + ' | ' +
+             ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
+             '|---|' + '---|' * (2 * len(args.sizes))]
+    for name, r in rows.items():
+        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' | ' +
+                     ' | '.join(f'{r[s] / rows["Swin-T"][s]:.2f}×' for s in args.sizes) +
+                     ' |')
+    if 'SOFT-S official order' in rows:
+        lines.append('')
+        for s in args.sizes:
+            speedup = rows['SOFT-S official order'][s] / rows['SOFT-S'][s]
+            lines.append(f'SOFT-S (default mode) is {speedup:.1f}× faster than the official '
+                         f'computation order at {s}.')
+    out['speed'] = rows
+    return lines
+
+
+def section_train(args, out):
+    rows = {}
+    for size in args.sizes:
+        hw = parse_size(size)
+        for mode in ('iterative', 'spectral'):
+            rows.setdefault(mode, {})[size] = measure(build('SOFT-S', mode), hw, args.device,
+                                                      args.repeat, train=True)
+        rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
+                                                      args.repeat, train=True)
+    lines = ['| SOFT-S forward+backward | ' + ' | '.join(args.sizes) + ' |',
+             '|---|' + '---|' * len(args.sizes)]
+    for name, r in rows.items():
+        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' |')
+    out['train'] = rows
+    return lines
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def section_modes(args, out):
+    from mmsoft.models import SOFT
+    fixture = osp.join(ROOT, 'tests', 'data', 'soft_public_checkpoint.pth')
+    expected = torch.load(osp.join(ROOT, 'tests', 'data', 'soft_public_expected.pth'))
+    arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
+    try:
+        from skimage import data as skdata
+        photo = torch.from_numpy(skdata.astronaut()).permute(2, 0, 1).float()[None]
+        photo = (photo - photo.mean()) / photo.std()
+        photo = torch.nn.functional.interpolate(photo, size=(800, 800), mode='bilinear')
+    except ImportError:
+        photo = None
+    inputs = {'fixture 128×160': expected['input']}
+    if photo is not None:
+        inputs['astronaut 800×800'] = photo
+    refs = {}
+    model_ref = SOFT(arch=arch, drop_path_rate=0., pinv_method='iterative',
+                     init_cfg=dict(type='Pretrained', checkpoint=fixture))
+    model_ref.init_weights()
+    model_ref.eval()
+    with torch.no_grad():
+        for k, x in inputs.items():
+            refs[k] = model_ref(x)
+    hw = parse_size(args.sizes[-1])
+    lines = [f'| mode | what | SOFT-S time @{args.sizes[-1]} | ' +
+             ' | '.join(f'max rel. deviation, {k}' for k in inputs) + ' |',
+             '|---|---|---|' + '---|' * len(inputs)]
+    rows = {}
+    for mode, (kwargs, what) in SOFT_MODES.items():
+        official = mode == 'official order'
+        if official and args.skip_official:
+            continue
+        model = SOFT(arch=arch, drop_path_rate=0., init_cfg=dict(
+            type='Pretrained', checkpoint=fixture), **kwargs)
+        model.init_weights()
+        model.eval()
+        devs = []
+        with torch.no_grad(), (_OfficialOrder() if official else _Null()):
+            for k, x in inputs.items():
+                devs.append(max(_rel(o, r) for o, r in zip(model(x), refs[k])))
+        t = measure(build('SOFT-S', mode), hw, args.device,
+                    0 if official else args.repeat, official=official)
+        rows[mode] = dict(time=t, deviation=devs)
+        lines.append(f'| {mode} | {what} | {fmt(t)} | ' +
+                     ' | '.join(f'{d:.1e}' for d in devs) + ' |')
+        print(f'  mode {mode} done', flush=True)
+    out['modes'] = rows
+    return lines
+
+
+def _child_measure(name, mode, size, device, repeat):
+    """Run one measurement in a fresh process: time and peak memory of the forward."""
+    code = ('import json,sys;sys.path.insert(0,%r);import tools.benchmark as b;'
+            'print(json.dumps(b.child(%r,%r,%r,%r,%d)))' % (ROOT, name, mode, size, device,
+                                                            repeat))
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         cwd=ROOT)
+    if res.returncode != 0:
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def child(name, mode, size, device, repeat):
+    model = build(name, mode).to(device).eval()
+    hw = parse_size(size)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with torch.no_grad():  # a small warm-up so that library start-up is not counted
+            model(torch.randn(1, 3, 64, 64, device=device))
+        base = max(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    t = measure(model, hw, device, repeat)
+    if device == 'cuda':
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    return dict(time=t, peak_mb=peak / 2**20)
+
+
+def section_scaling(args, out):
+    series = [('SOFT-S', 'spectral'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
+              ('PVT-S softmax (no SR)', None), ('Swin-T', None)]
+    results = {}
+    for name, mode in series:
+        label = name + (f' [{mode}]' if mode else '')
+        for size in args.sweep:
+            r = _child_measure(name, mode or 'spectral', size, args.device, args.repeat)
+            results.setdefault(label, {})[size] = r
+        print(f'  swept {label}', flush=True)
+    tokens = {s: parse_size(s)[0] * parse_size(s)[1] / 16 for s in args.sweep}
+    lines = ['| backbone | ' + ' | '.join(args.sweep) + ' | exponent (time ∝ N^k) |',
+             '|---|' + '---|' * (len(args.sweep) + 1)]
+    for label, r in results.items():
+        ok = [s for s in args.sweep if r[s] is not None]
+        k = float('nan')
+        if len(ok) >= 2:
+            k = np.polyfit(np.log([tokens[s] for s in ok]),
+                           np.log([r[s]['time'] for s in ok]), 1)[0]
+        cells = [f'{fmt(r[s]["time"])}, {r[s]["peak_mb"]:.0f} MB' if r[s] else 'failed'
+                 for s in args.sweep]
+        lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {k:.2f} |')
+        results[label]['exponent'] = k
+    out['scaling'] = results
+    if args.plot:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for label, r in results.items():
+            ok = [s for s in args.sweep if r.get(s)]
+            xs = [tokens[s] for s in ok]
+            ax1.loglog(xs, [r[s]['time'] for s in ok], 'o-', label=label)
+            ax2.loglog(xs, [max(r[s]['peak_mb'], 1e-3) for s in ok], 'o-', label=label)
+        ax1.set(xlabel='tokens at stride 4 (H·W/16)', ylabel='forward time (s)')
+        ax2.set(xlabel='tokens at stride 4 (H·W/16)', ylabel='peak memory (MB)')
+        ax1.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        lines.append(f'\nplot written to {args.plot}')
+    return lines
+
+
+SECTIONS = {'speed': section_speed, 'train': section_train, 'modes': section_modes,
+            'scaling': section_scaling}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--sections', default='speed,train,modes,scaling')
+    parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
+    parser.add_argument('--sweep', nargs='+',
+                        default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
+    parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--skip-official', action='store_true',
+                        help='skip the (slow) official computation order')
+    parser.add_argument('--plot', help='write the scaling plot to this PNG')
+    parser.add_argument('--json', help='write all numbers to this JSON file')
+    args = parser.parse_args(argv)
+    sections = args.sections.split(',')
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f'unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}')
+    dev = (torch.cuda.get_device_name() if args.device == 'cuda' else
+           f'CPU, {torch.get_num_threads()} threads')
+    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, float32, batch 1')
+    out = dict(device=dev)
+    for name in sections:
+        print(f'\n## {name}', flush=True)
+        print('\n'.join(SECTIONS[name](args, out)), flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(out, f, indent=1, default=float)
+    return out
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv in the repository root with the OpenMMLab stack mmsoft supports:
+#   torch 2.14.1 + torchvision 0.29.1, mmcv 2.1.0 built from its sdist with compiled ops,
+#   mmengine 0.10.7, mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0, openmim, and mmsoft
+#   itself in editable mode.
+#
+# mmcv 2.1.0 (the newest mmcv that mmdet 3.3.0 / mmseg 1.2.2 accept) has no wheel for
+# torch 2.14, so it is built here once (~10 min on 2 cores) and the wheel is cached in
+# $MMSOFT_CACHE (default ~/.cache/mmsoft) for every later run.
+#
+# Idempotent: a second run only checks. Any failure exits non-zero with what to do.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${MMSOFT_VENV:-$ROOT/.venv}"
+CACHE="${MMSOFT_CACHE:-$HOME/.cache/mmsoft}"
+PYTHON="${PYTHON:-python3}"
+
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+MMCV_VERSION=2.1.0
+
+say() { printf '[setup_env] %s\n' "$*"; }
+fail() { printf '[setup_env] ERROR: %s\n' "$*" >&2; exit 1; }
+trap 'fail "step failed at line $LINENO (see the output above). Fix the cause and run this script again; it resumes where it stopped."' ERR
+
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 8)' \
+  || fail "$PYTHON is missing or older than 3.8; set PYTHON=/path/to/python3."
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PYTHON" -m venv "$VENV" || fail "could not create $VENV (install python3-venv)."
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+# Fast path: everything already installed and importable.
+if [ "${MMSOFT_FORCE_SETUP:-0}" != 1 ] && [ -f "$VENV/.mmsoft-setup-ok" ] \
+   && "$PY" "$ROOT/tools/check_env.py" >/dev/null 2>&1; then
+  say "environment in $VENV is complete (delete $VENV/.mmsoft-setup-ok to re-run the install)."
+  exit 0
+fi
+rm -f "$VENV/.mmsoft-setup-ok"
+
+say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build tools"
+"${PIP[@]}" install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+# torch 2.14 declares setuptools>=77; mmcv's setup.py still needs pkg_resources (<82).
+"${PIP[@]}" install -q "setuptools>=77,<82" wheel ninja packaging
+
+TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')"
+WHEELDIR="$CACHE/mmcv-$MMCV_VERSION-$TAG"
+if ! ls "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
+  say "building mmcv $MMCV_VERSION with ops for $TAG (about 10 minutes on 2 cores)"
+  BUILD="$(mktemp -d)"
+  "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
+      "mmcv==$MMCV_VERSION" -d "$BUILD" \
+    || fail "could not download the mmcv $MMCV_VERSION sdist from PyPI."
+  tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
+  SRC="$BUILD/mmcv-$MMCV_VERSION"
+  # torch 2.14's headers need C++20; mmcv's setup.py hard-codes -std=c++14 / c++17.
+  sed -i -e 's/-std=c++14/-std=c++20/g' -e 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+  grep -q 'std=c++20' "$SRC/setup.py" || fail "mmcv setup.py patch did not apply."
+  (cd "$SRC" && MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-2}" \
+     "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .) \
+    || fail "mmcv build failed; see the compiler output above."
+  mkdir -p "$WHEELDIR"
+  cp "$BUILD"/dist/mmcv-"$MMCV_VERSION"-*.whl "$WHEELDIR"/
+  rm -rf "$BUILD"
+  say "cached the mmcv wheel in $WHEELDIR"
+fi
+"${PIP[@]}" install -q --no-deps "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl
+
+say "installing mmengine, mmdet, mmsegmentation, mmpretrain and test tools"
+"${PIP[@]}" install -q -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
+# openmim's own requirements pull opendatalab/openxlab, which downgrade setuptools below what
+# torch needs; mim train/test work without them.
+"${PIP[@]}" install -q --no-deps "openmim==0.3.9"
+"${PIP[@]}" install -q -r "$ROOT/requirements/mim.txt"
+
+say "installing mmsoft in editable mode"
+"${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
+
+"$PY" "$ROOT/tools/check_env.py" || fail "the environment check failed (see above)."
+touch "$VENV/.mmsoft-setup-ok"
+say "done: activate with 'source $VENV/bin/activate'"
