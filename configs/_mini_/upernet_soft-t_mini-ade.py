@@ -47,7 +47,7 @@ val_dataloader = dict(
                                   seg_map_path='annotations/validation')))
 test_dataloader = val_dataloader
 
-optim_wrapper = dict(optimizer=dict(lr=1e-3))
+optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0, norm_type=2))
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=400, val_interval=400)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),

@@ -448,13 +448,15 @@ class SOFT(BaseModule):
         return tuple(outs)
 
 
-def checkpoint_filter_fn(state_dict, model):
-    """Adapt an official SOFT state dict to ``model``: drop the classification head and
-    check that depths and widths agree before any weight is copied."""
+def checkpoint_filter_fn(state_dict, model=None):
+    """Adapt an official SOFT state dict: drop the classification head and, given a
+    ``model``, check that the depths agree before any weight is copied."""
     out = {k: v for k, v in state_dict.items() if not k.startswith('head.')}
-    ckpt_depths = []
-    for s in range(4):
-        ids = {int(k.split('.')[1]) for k in out if k.startswith(f'block{s + 1}.')}
-        ckpt_depths.append(max(ids) + 1 if ids else 0)
-    check_depths(ckpt_depths[:model.num_stages], model.depths[:model.num_stages], 'SOFT')
+    if model is not None:
+        ckpt_depths = []
+        for s in range(4):
+            ids = {int(k.split('.')[1]) for k in out if k.startswith(f'block{s + 1}.')}
+            ckpt_depths.append(max(ids) + 1 if ids else 0)
+        n = model.num_stages
+        check_depths(ckpt_depths[:n], model.depths[:n], 'SOFT')
     return out

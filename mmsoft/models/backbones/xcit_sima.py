@@ -320,12 +320,12 @@ class XCiTSimA(BaseModule):
         return tuple(op(t) for op, t in zip(ops, taps))
 
 
-def checkpoint_filter_fn(state_dict, model):
+def checkpoint_filter_fn(state_dict, model=None):
     """Adapt an official XCiT or SimA ImageNet state dict to ``model``.
 
     Drops what dense prediction does not use (``cls_token``, ``cls_attn_blocks``, ``norm``,
     ``head``) and XCA's ``attn.temperature`` (SimA has none), in one log line; checks the
-    depth first.
+    depth first when a ``model`` is given.
     """
     unused = ('cls_token', 'cls_attn_blocks.', 'norm.', 'head.')
     kept, dropped = {}, []
@@ -335,7 +335,7 @@ def checkpoint_filter_fn(state_dict, model):
         else:
             kept[k] = v
     ids = {int(k.split('.')[1]) for k in kept if k.startswith('blocks.')}
-    if ids:
+    if ids and model is not None:
         check_depths([max(ids) + 1], [model.depth], 'XCiTSimA')
     if dropped:
         groups = sorted({k.split('.')[0] + ('.*.attn.temperature' if k.endswith(
