@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README command 1: set up (or reuse) .venv, generate the mini COCO set if it is missing,
-# train the SOFT-Tiny RetinaNet on it from scratch (600 iterations, a few minutes on a
+# train the SOFT-Tiny RetinaNet on it from scratch (400 iterations, a few minutes on a
 # CPU) and evaluate the final checkpoint with COCO bbox mAP.
 #   bash tools/quickstart.sh [CONFIG] [WORK_DIR]
 set -euo pipefail

@@ -4,12 +4,31 @@ from mmcv.cnn.bricks import DropPath
 from mmengine.logging import MMLogger, print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
-__all__ = ['DropPath', 'build_norm', 'check_depths', 'extract_state_dict', 'load_pretrained']
+import torch
+
+__all__ = [
+    'DropPath', 'build_norm', 'check_depths', 'check_input', 'extract_state_dict',
+    'load_pretrained'
+]
 
 
 def build_norm(norm_cfg, num_features):
     """Build a norm layer from an mmcv config (``dict(type='BN')``, ``'SyncBN'``, ...)."""
     return build_norm_layer(norm_cfg, num_features)[1]
+
+
+def check_input(x, min_size, family):
+    """Reject what would otherwise fail deep inside the network, or silently spread NaN
+    through the Newton–Raphson iterations: wrong rank, too small, non-finite values."""
+    if x.dim() != 4:
+        raise ValueError(f'{family} expects a (B, C, H, W) batch, got shape '
+                         f'{tuple(x.shape)}')
+    if min(x.shape[-2:]) < min_size:
+        raise ValueError(f'{family} needs inputs of at least {min_size}×{min_size} pixels, '
+                         f'got {tuple(x.shape[-2:])}')
+    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    if not tracing and not bool(torch.isfinite(x).all()):
+        raise ValueError(f'{family} input contains NaN or inf values')
 
 
 def check_depths(ckpt_depths, model_depths, family):

@@ -14,7 +14,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
 from ..attention import soft_attention
-from ..utils import DropPath, build_norm, check_depths, load_pretrained
+from ..utils import DropPath, build_norm, check_depths, check_input, load_pretrained
 from ...registry import register_model
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
@@ -188,8 +188,8 @@ def resize_pos_embed(pos_embed, grid, hw):
     """Learned (1, g·g, C) position embedding, bilinearly resized to the (H, W) grid."""
     C = pos_embed.shape[-1]
     pe = pos_embed.reshape(1, grid, grid, C).permute(0, 3, 1, 2)
-    if (grid, grid) != tuple(hw):
-        pe = F.interpolate(pe, size=hw, mode='bilinear', align_corners=False)
+    # Always resized (the identity at the training grid), so traced graphs stay dynamic.
+    pe = F.interpolate(pe, size=hw, mode='bilinear', align_corners=False)
     return pe.flatten(2).transpose(1, 2)
 
 
@@ -247,7 +247,8 @@ class SOFT(BaseModule):
     # Position-embedding grids of ImageNet training (224² input), SPEC 1.3.
     pos_grids = (56, 28, 14, 7)
     dwconv_sizes = (9, 5, 3)  # depthwise conv on V, stages 1-3
-    # The smallest input side for which stage 1 still has one landmark (⌈H/4⌉ ≥ 8).
+    # The smallest input side for which stage 1 still holds one 8×8 landmark window
+    # (⌈H / 4⌉ ≥ 8).
     min_input_size = 29
 
     def __init__(self,
@@ -411,12 +412,7 @@ class SOFT(BaseModule):
         return blk(x, hw)
 
     def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'SOFT expects a (B, C, H, W) batch, got shape {tuple(x.shape)}')
-        if min(x.shape[-2:]) < self.min_input_size:
-            raise ValueError(f'SOFT needs inputs of at least {self.min_input_size}×'
-                             f'{self.min_input_size} pixels (stage 1 must hold one 8×8 '
-                             f'landmark window), got {tuple(x.shape[-2:])}')
+        check_input(x, self.min_input_size, 'SOFT')
         outs = []
         B = x.shape[0]
         for s in range(self.num_stages):

@@ -18,7 +18,7 @@ from mmengine.model.weight_init import trunc_normal_
 
 from ..attention import sima_attention
 from ...registry import register_model
-from ..utils import DropPath, build_norm, check_depths, load_pretrained
+from ..utils import DropPath, build_norm, check_depths, check_input, load_pretrained
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
@@ -229,6 +229,9 @@ class XCiTSimA(BaseModule):
             raise ValueError(f'frozen_stages must be in [-1, {out_indices[-1] + 1}] (the '
                              f'number of built blocks), got {frozen_stages}')
         self.patch_size = patch_size
+        # The stride-32 level max-pools the patch grid by 32 / patch_size: the grid
+        # (⌈H / p⌉ per side) must hold at least one such window.
+        self.min_input_size = patch_size * (32 // patch_size - 1) + 1
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.with_cp = with_cp
@@ -298,9 +301,7 @@ class XCiTSimA(BaseModule):
         return self
 
     def forward(self, x):
-        if x.dim() != 4:
-            raise ValueError(f'XCiTSimA expects a (B, C, H, W) batch, got shape '
-                             f'{tuple(x.shape)}')
+        check_input(x, self.min_input_size, 'XCiTSimA')
         B = x.shape[0]
         x = self.patch_embed(x)
         Hp, Wp = x.shape[-2:]

@@ -1,0 +1,126 @@
+"""End-to-end on the generated mini sets, as a user runs it: tools/train.py →
+checkpoint → --resume → tools/test.py (and mim, and mmdet's own test tool), comparing the
+trained model's metric with the untrained one's. Slow (minutes): marked ``slow``."""
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PY = sys.executable
+DET_CFG = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
+SEG_CFG = osp.join(ROOT, 'configs/_mini_/upernet_soft-t_mini-ade.py')
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+    """A folder with data/mini_coco and data/mini_ade, the configs' relative data roots."""
+    d = tmp_path_factory.mktemp('e2e')
+    run([PY, osp.join(ROOT, 'tools/make_mini_dataset.py'), '--out', str(d / 'data')], d)
+    return d
+
+
+def run(cmd, cwd, env=None):
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {})))
+    if res.returncode != 0:
+        raise AssertionError(f'{" ".join(map(str, cmd))} failed:\n{res.stdout[-4000:]}\n'
+                             f'{res.stderr[-4000:]}')
+    return res.stdout + res.stderr
+
+
+def metric(log, name):
+    found = re.findall(rf'{re.escape(name)}: (-?[0-9.]+)', log)
+    assert found, f'{name} not in output:\n{log[-3000:]}'
+    return float(found[-1])
+
+
+def untrained_checkpoint(cfg_path, path):
+    """The config's model after init_weights(), saved as an mmengine checkpoint."""
+    import mmsoft  # noqa: F401
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(cfg_path)
+    init_default_scope(cfg.default_scope)
+    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
+    model = registry.build(cfg.model)
+    model.init_weights()
+    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+    return str(path)
+
+
+def test_retinanet_train_resume_test(workdir):
+    wd = workdir / 'det'
+    opts = ['--cfg-options', 'default_hooks.checkpoint.interval=150',
+            'train_cfg.val_interval=1000']
+    # 1) train 150 of 300 iterations, as if the run had been stopped there
+    run([PY, osp.join(ROOT, 'tools/train.py'), DET_CFG, '--work-dir', str(wd)] + opts +
+        ['train_cfg.max_iters=150'], workdir)
+    assert (wd / 'iter_150.pth').exists()
+    # 2) resume from the latest checkpoint and finish at 300
+    log = run([PY, osp.join(ROOT, 'tools/train.py'), DET_CFG, '--work-dir', str(wd),
+               '--resume'] + opts + ['train_cfg.max_iters=300'], workdir)
+    assert 'resumed' in log.lower() and 'iter_150.pth' in log
+    iters = [int(i) for i in re.findall(r'Iter\(train\) \[ *(\d+)/300\]', log)]
+    assert iters and min(iters) > 150 and max(iters) == 300, iters
+    ckpt = torch.load(wd / 'iter_300.pth', map_location='cpu')  # weights_only stays on
+    assert ckpt['meta']['iter'] == 300
+    # 3) the trained model finds the objects; the untrained one does not
+    trained = metric(run([PY, osp.join(ROOT, 'tools/test.py'), DET_CFG,
+                          str(wd / 'iter_300.pth'), '--work-dir', str(wd / 't')], workdir),
+                     'coco/bbox_mAP')
+    init = untrained_checkpoint(DET_CFG, wd / 'untrained.pth')
+    untrained = metric(run([PY, osp.join(ROOT, 'tools/test.py'), DET_CFG, init,
+                            '--work-dir', str(wd / 'u')], workdir), 'coco/bbox_mAP')
+    assert trained > 0.3 and trained > untrained + 0.25, (trained, untrained)
+    # 4) mmdet's own test tool and `mim test mmdet` load the same checkpoint
+    import mmdet
+    mmdet_test = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'test.py')
+    ours = metric(run([PY, mmdet_test, DET_CFG, str(wd / 'iter_300.pth'), '--work-dir',
+                       str(wd / 'm')], workdir), 'coco/bbox_mAP')
+    assert ours == pytest.approx(trained, abs=1e-3)
+    mim = shutil.which('mim', path=osp.dirname(PY))
+    log = run([mim, 'test', 'mmdet', DET_CFG, '--checkpoint', str(wd / 'iter_300.pth'),
+               '--work-dir', str(wd / 'mim')], workdir)
+    assert metric(log, 'coco/bbox_mAP') == pytest.approx(trained, abs=1e-3)
+    # 5) load_from: fine-tuning starts from the trained weights
+    log = run([PY, osp.join(ROOT, 'tools/train.py'), DET_CFG, '--work-dir', str(wd / 'ft'),
+               '--cfg-options', f'load_from={wd / "iter_300.pth"}', 'train_cfg.max_iters=2',
+               'train_cfg.val_interval=1000'], workdir)
+    assert 'Load checkpoint from' in log
+
+
+def test_mim_train_mmsoft(workdir):
+    """`mim train mmsoft CONFIG` finds mmsoft's train tool inside the installed package."""
+    mim = shutil.which('mim', path=osp.dirname(PY))
+    wd = workdir / 'mim_train'
+    log = run([mim, 'train', 'mmsoft', DET_CFG, '--work-dir', str(wd), '--cfg-options',
+               'train_cfg.max_iters=4', 'train_cfg.val_interval=1000',
+               'default_hooks.checkpoint.interval=4'], workdir)
+    assert (wd / 'iter_4.pth').exists(), log[-2000:]
+    # the config is also found by name inside the package
+    log = run([mim, 'train', 'mmsoft', osp.basename(DET_CFG), '--work-dir', str(wd / 'b'),
+               '--cfg-options', 'train_cfg.max_iters=2', 'train_cfg.val_interval=1000'],
+              workdir)
+    assert 'Iter(train)' in log or (wd / 'b' / 'iter_2.pth').exists()
+
+
+def test_upernet_train_test(workdir):
+    wd = workdir / 'seg'
+    run([PY, osp.join(ROOT, 'tools/train.py'), SEG_CFG, '--work-dir', str(wd),
+         '--cfg-options', 'train_cfg.max_iters=200', 'train_cfg.val_interval=1000',
+         'default_hooks.checkpoint.interval=200'], workdir)
+    trained = metric(run([PY, osp.join(ROOT, 'tools/test.py'), SEG_CFG,
+                          str(wd / 'iter_200.pth'), '--work-dir', str(wd / 't')], workdir),
+                     'mIoU')
+    init = untrained_checkpoint(SEG_CFG, wd / 'untrained.pth')
+    untrained = metric(run([PY, osp.join(ROOT, 'tools/test.py'), SEG_CFG, init,
+                            '--work-dir', str(wd / 'u')], workdir), 'mIoU')
+    assert trained > untrained + 20, (trained, untrained)  # mmseg reports mIoU in %

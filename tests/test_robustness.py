@@ -1,0 +1,113 @@
+"""What users of a backbone run into: odd sizes, batch sizes, half precision, flat and
+non-finite images, and whole models built from the shipped configs at such sizes."""
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.model import revert_sync_batchnorm
+from mmengine.registry import init_default_scope
+
+from mmsoft.models import SOFT, XCiTSimA
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SIZES = [(32, 32), (33, 47), (97, 131), (300, 2000), (2000, 300)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def conv_out(n, times):
+    for _ in range(times):
+        n = (n - 1) // 2 + 1
+    return n
+
+
+def expected_shapes(model, h, w):
+    if isinstance(model, SOFT):
+        return [(model.embed_dims[i], conv_out(h, i + 2), conv_out(w, i + 2)) for i in range(4)]
+    hp, wp = -(-h // 16), -(-w // 16)
+    return [(model.embed_dims, hp * 4, wp * 4), (model.embed_dims, hp * 2, wp * 2),
+            (model.embed_dims, hp, wp), (model.embed_dims, hp // 2, wp // 2)]
+
+
+@pytest.fixture(scope='module')
+def backbones():
+    soft = SOFT(arch='tiny', drop_path_rate=0.)
+    xcit = XCiTSimA(arch='t12', drop_path_rate=0.)
+    for m in (soft, xcit):
+        m.init_weights()
+        m.eval()
+    return {'SOFT': soft, 'XCiTSimA': xcit}
+
+
+@pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
+@pytest.mark.parametrize('hw', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
+def test_sizes_batches_and_precisions(backbones, name, hw):
+    model = backbones[name]
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, *hw)
+        for dtype in DTYPES:
+            with torch.no_grad(), torch.autocast('cpu', dtype=dtype,
+                                                 enabled=dtype != torch.float32):
+                outs = model(x)
+            shapes = [tuple(o.shape[1:]) for o in outs]
+            assert shapes == expected_shapes(model, *hw), (dtype, shapes)
+            for o in outs:
+                assert o.shape[0] == batch and torch.isfinite(o).all(), (dtype, batch)
+
+
+@pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
+def test_flat_image_is_finite(backbones, name):
+    """A constant image makes every landmark equal: the landmark kernel is singular."""
+    with torch.no_grad():
+        for value in (0., 1.):
+            outs = backbones[name](torch.full((2, 3, 64, 96), value))
+            assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
+def test_non_finite_input_is_reported(backbones, name):
+    for bad in (float('nan'), float('inf')):
+        x = torch.randn(1, 3, 64, 64)
+        x[0, 1, 5, 7] = bad
+        with pytest.raises(ValueError, match='NaN or inf'):
+            backbones[name](x)
+
+
+def test_minimum_sizes_are_documented_errors():
+    with pytest.raises(ValueError, match='at least 29×29'):
+        SOFT(arch='tiny')(torch.randn(1, 3, 28, 200))
+    SOFT(arch='tiny').eval()(torch.randn(1, 3, 29, 29))
+    with pytest.raises(ValueError, match='at least 17×17'):
+        XCiTSimA(arch='t12')(torch.randn(1, 3, 16, 64))
+    with pytest.raises(ValueError, match='at least 25×25'):
+        XCiTSimA(arch='t12', patch_size=8)(torch.randn(1, 3, 24, 64))
+    with pytest.raises(ValueError, match=r'\(B, C, H, W\)'):
+        SOFT(arch='tiny')(torch.randn(3, 64, 64))
+
+
+def _build(cfg_rel):
+    import mmsoft  # noqa: F401
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', cfg_rel))
+    init_default_scope(cfg.default_scope)
+    cfg.model.backbone.init_cfg = None
+    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
+    model = revert_sync_batchnorm(registry.build(cfg.model))
+    model.init_weights()
+    return model.eval()
+
+
+@pytest.mark.parametrize('cfg', ['soft/retinanet_soft-t_fpn_1x_coco.py',
+                                 'soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py'])
+def test_shipped_models_on_odd_sizes(cfg):
+    model = _build(cfg)
+    for hw in [(33, 47), (97, 131), (300, 2000)]:
+        for batch, dtype in ((1, torch.float32), (3, torch.bfloat16)):
+            x = torch.randn(batch, 3, *hw)
+            with torch.no_grad(), torch.autocast('cpu', dtype=dtype,
+                                                 enabled=dtype != torch.float32):
+                out = model._forward(x)
+            flat = out if isinstance(out, torch.Tensor) else [
+                t for level in out for t in (level if isinstance(level, (list, tuple))
+                                             else [level])]
+            flat = [flat] if isinstance(flat, torch.Tensor) else flat
+            assert all(torch.isfinite(t).all() for t in flat), (cfg, hw, dtype)

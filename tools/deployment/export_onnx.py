@@ -1,0 +1,85 @@
+"""Export a SOFT or XCiT-SimA backbone to ONNX (dynamic batch and input size) and check it
+against onnxruntime on CPU.
+
+SOFT is exported with the 20 Newton–Raphson matrix iterations ('iterative'): ONNX has no
+eigendecomposition operator, and both methods compute the same iterate.
+
+Examples:
+  python tools/deployment/export_onnx.py --backbone SOFT:small --checkpoint soft_small.pth --out soft_small.onnx
+  python tools/deployment/export_onnx.py --config configs/xcit_sima/mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py \\
+      --out xcit_sima_s12.onnx --check-sizes 224x224 480x640
+"""
+import argparse
+import os.path as osp
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+
+def export(model, path, sample_hw=(224, 224), opset=17):
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    for m in model.modules():
+        if isinstance(m, SoftKernelAttention):
+            m.pinv_method = 'iterative'
+    x = torch.randn(1, 3, *sample_hw)
+    n_out = len(model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # tracer warnings about shape arithmetic
+        torch.onnx.export(
+            model, (x, ), path, opset_version=opset, input_names=['input'],
+            output_names=[f'out{i}' for i in range(n_out)],
+            dynamic_axes={'input': {0: 'batch', 2: 'height', 3: 'width'},
+                          **{f'out{i}': {0: 'batch', 2: f'h{i}', 3: f'w{i}'}
+                             for i in range(n_out)}},
+            dynamo=False)
+    return path
+
+
+def check(model, path, sizes):
+    """Max relative deviation (max|ort − torch| / max|torch|) per size, worst output."""
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    result = {}
+    for hw in sizes:
+        x = torch.randn(1, 3, *hw)
+        with torch.no_grad():
+            ref = model(x)
+        outs = sess.run(None, {'input': x.numpy()})
+        result[hw] = max(float((torch.from_numpy(o) - r).abs().max() / r.abs().max())
+                         for o, r in zip(outs, ref))
+    return result
+
+
+def main(argv=None):
+    from mmsoft.analysis import build_backbone
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument('--backbone', help='SOFT:ARCH or XCiTSimA:ARCH (default SOFT:small)')
+    parser.add_argument('--config', help='take the backbone from this config')
+    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
+    parser.add_argument('--out', required=True, help='output .onnx file')
+    parser.add_argument('--opset', type=int, default=17)
+    parser.add_argument('--check-sizes', nargs='+', default=['224x224', '320x480'],
+                        help='input sizes compared with onnxruntime (HxW)')
+    parser.add_argument('--tolerance', type=float, default=1e-4)
+    args = parser.parse_args(argv)
+    if args.opset < 17:
+        parser.error('--opset must be >= 17 (LayerNormalization)')
+    model = build_backbone(args.backbone, args.config, args.checkpoint)
+    export(model, args.out, opset=args.opset)
+    sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.check_sizes]
+    devs = check(model, args.out, sizes)
+    for hw, dev in devs.items():
+        print(f'onnxruntime vs torch at {hw[0]}x{hw[1]}: max relative deviation {dev:.2e}')
+    if max(devs.values()) > args.tolerance:
+        raise SystemExit(f'deviation above {args.tolerance}')
+    print(f'wrote {args.out}')
+    return devs
+
+
+if __name__ == '__main__':
+    main()
