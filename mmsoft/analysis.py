@@ -3,6 +3,8 @@
 Used by tools/analysis/*.py; every function works on a built backbone and an input batch
 and returns plain tensors / numbers, so it can be tested without files.
 """
+import argparse
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -192,3 +194,18 @@ def build_backbone(backbone=None, config=None, checkpoint=None):
     model = cls(**cfg)
     model.init_weights()
     return model.eval()
+
+
+def tool_parser(doc):
+    """An argument parser for a tool whose module docstring is ``doc``: first paragraph
+    as description, the rest (examples) as epilog."""
+    first, _, rest = doc.partition('\n\n')
+    return argparse.ArgumentParser(description=first, epilog=rest,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_backbone_args(parser, default='SOFT:small'):
+    """--backbone / --config / --checkpoint, the inputs of ``build_backbone``."""
+    parser.add_argument('--backbone', help=f'SOFT:ARCH or XCiTSimA:ARCH (default {default})')
+    parser.add_argument('--config', help='take the backbone from this config')
+    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')

@@ -2,6 +2,7 @@
 ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 
 Sections (``--sections``, default all):
+  pinv     the batched 20-step pseudo-inverse alone: matrix iterations vs eigh, by m
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios
   train    forward + backward of the SOFT-Small backbone (a training step, no optimizer)
   modes    SOFT attention modes: time and deviation from the 20-iteration reference on the
@@ -49,10 +50,10 @@ SOFT_MODES = {
     # name: (SOFT kwargs, description)
     'official order': (dict(pinv_method='iterative'), 'reference algorithm, official cost'),
     'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
-    'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh (default)'),
-    'grid16': (dict(pinv_method='spectral', landmark_grid=16),
-               'fast: at most 16×16 landmarks'),
-    'grid8': (dict(pinv_method='spectral', landmark_grid=8), 'fast: at most 8×8 landmarks'),
+    'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
+    'auto': (dict(pinv_method='auto'), 'default: spectral when m > 128, else iterative'),
+    'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
+    'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
 }
 
 
@@ -68,7 +69,7 @@ class _OfficialOrder:
         self.mod.soft_attention = self.orig
 
 
-def build(name, mode='spectral'):
+def build(name, mode='auto'):
     """A backbone in eval mode, randomly initialized (timings do not depend on weights)."""
     import mmsoft  # noqa: F401
     from mmsoft.models import SOFT, XCiTSimA
@@ -174,8 +175,8 @@ def section_train(args, out):
     rows = {}
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in ('iterative', 'spectral'):
-            rows.setdefault(mode, {})[size] = measure(build('SOFT-S', mode), hw, args.device,
+        for mode in ('iterative', 'auto'):
+            rows.setdefault(f'SOFT-S {mode}', {})[size] = measure(build('SOFT-S', mode), hw, args.device,
                                                       args.repeat, train=True)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
                                                       args.repeat, train=True)
@@ -273,13 +274,17 @@ def child(name, mode, size, device, repeat):
 
 
 def section_scaling(args, out):
-    series = [('SOFT-S', 'spectral'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
+    series = [('SOFT-S', 'auto'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
               ('PVT-S softmax (no SR)', None), ('Swin-T', None)]
     results = {}
     for name, mode in series:
         label = name + (f' [{mode}]' if mode else '')
         for size in args.sweep:
-            r = _child_measure(name, mode or 'spectral', size, args.device, args.repeat)
+            h, w = parse_size(size)
+            if 'softmax' in name and h * w > args.softmax_max_pixels:
+                r = None  # N² attention matrices would not fit in memory
+            else:
+                r = _child_measure(name, mode or 'auto', size, args.device, args.repeat)
             results.setdefault(label, {})[size] = r
         print(f'  swept {label}', flush=True)
     tokens = {s: parse_size(s)[0] * parse_size(s)[1] / 16 for s in args.sweep}
@@ -291,7 +296,7 @@ def section_scaling(args, out):
         if len(ok) >= 2:
             k = np.polyfit(np.log([tokens[s] for s in ok]),
                            np.log([r[s]['time'] for s in ok]), 1)[0]
-        cells = [f'{fmt(r[s]["time"])}, {r[s]["peak_mb"]:.0f} MB' if r[s] else 'failed'
+        cells = [f'{fmt(r[s]["time"])}, {r[s]["peak_mb"]:.0f} MB' if r[s] else '–'
                  for s in args.sweep]
         lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {k:.2f} |')
         results[label]['exponent'] = k
@@ -315,7 +320,32 @@ def section_scaling(args, out):
     return lines
 
 
-SECTIONS = {'speed': section_speed, 'train': section_train, 'modes': section_modes,
+def section_pinv(args, out):
+    """Batched 20-step pseudo-inverse of Gaussian-kernel matrices: iterations vs eigh."""
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv
+    lines = ['| m | batch | iterative | spectral (eigh) | iterative / spectral |',
+             '|---|---|---|---|---|']
+    rows = {}
+    for m in (16, 49, 64, 100, 128, 196, 400, 1025):
+        x = torch.randn(20, m, 32, device=args.device) * 0.3
+        A = gaussian_kernel(x, x)
+        t = {}
+        for method in ('iterative', 'spectral'):
+            newton_pinv(A, method=method)
+            _sync(args.device)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                newton_pinv(A, method=method)
+            _sync(args.device)
+            t[method] = (time.perf_counter() - t0) / 3
+        rows[m] = t
+        lines.append(f'| {m} | 20 | {t["iterative"] * 1e3:.1f} ms | '
+                     f'{t["spectral"] * 1e3:.1f} ms | {t["iterative"] / t["spectral"]:.2f} |')
+    out['pinv'] = rows
+    return lines
+
+
+SECTIONS = {'pinv': section_pinv, 'speed': section_speed, 'train': section_train, 'modes': section_modes,
             'scaling': section_scaling}
 
 
@@ -324,13 +354,15 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--sections', default='speed,train,modes,scaling')
+    parser.add_argument('--sections', default='pinv,speed,train,modes,scaling')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
     parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
     parser.add_argument('--skip-official', action='store_true',
                         help='skip the (slow) official computation order')
+    parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,
+                        help='largest input (H·W) for the vanilla softmax baseline')
     parser.add_argument('--plot', help='write the scaling plot to this PNG')
     parser.add_argument('--json', help='write all numbers to this JSON file')
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
 """Check that the environment made by tools/setup_env.sh works: versions, mmcv ops on CPU,
 and that the OpenMMLab codebases and mmsoft import. Exits non-zero on the first problem."""
+import os
 import sys
 
 
@@ -22,6 +23,11 @@ def main():
     import mmseg
     import mmpretrain
     import mmsoft
+
+    # `mim train/test mmsoft` look for <distribution location>/mmsoft/.mim/tools/
+    from mim.utils import get_installed_path
+    tools = os.path.join(get_installed_path('mmsoft'), '.mim', 'tools', 'train.py')
+    assert os.path.isfile(tools), f'mim cannot find mmsoft tools at {tools}; reinstall mmsoft'
     print(f'torch {torch.__version__}, mmcv {mmcv.__version__} (ops ok), '
           f'mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, '
           f'mmseg {mmseg.__version__}, mmpretrain {mmpretrain.__version__}, '

@@ -11,7 +11,6 @@ Examples:
 IMAGE is a file, a folder of images, or a scikit-image sample name (astronaut, coffee,
 chelsea, rocket, ...). Results go to OUT_DIR/vis (drawn images) and OUT_DIR/preds (JSON).
 """
-import argparse
 import glob
 import os
 import os.path as osp
@@ -42,9 +41,8 @@ def collect_images(source, tmp_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split('\n\n', 1)[1])
+    from mmsoft.analysis import tool_parser
+    parser = tool_parser(__doc__)
     parser.add_argument('image', help='image file, folder, or scikit-image sample name')
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')

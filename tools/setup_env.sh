@@ -44,8 +44,10 @@ rm -f "$VENV/.mmsoft-setup-ok"
 
 say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build tools"
 "${PIP[@]}" install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-# torch 2.14 declares setuptools>=77; mmcv's setup.py still needs pkg_resources (<82).
-"${PIP[@]}" install -q "setuptools>=77,<82" wheel ninja packaging
+# torch 2.14 declares setuptools>=77; mmcv's setup.py needs pkg_resources (<82); below 80,
+# `pip install -e .` is a classic develop install (an egg-link to this folder), which is
+# where `mim train/test mmsoft` look for mmsoft/.mim/{configs,tools}.
+"${PIP[@]}" install -q "setuptools>=77,<80" wheel ninja packaging
 
 TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')"
 WHEELDIR="$CACHE/mmcv-$MMCV_VERSION-$TAG"

@@ -120,7 +120,13 @@ class _NewtonPinv(torch.autograd.Function):
         return -Yt @ grad_Y @ Yt, None, None
 
 
-def newton_pinv(A, iters=20, method='iterative'):
+# Above this many landmarks one eigendecomposition beats 2T = 40 batched matrix products
+# (measured on CPU with tools/benchmark.py --sections pinv).
+SPECTRAL_MIN_SIZE = 128
+PINV_METHODS = ('auto', 'iterative', 'spectral')
+
+
+def newton_pinv(A, iters=20, method='auto'):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -134,12 +140,15 @@ def newton_pinv(A, iters=20, method='iterative'):
         method (str): 'iterative' runs the T matrix iterations; 'spectral' evaluates the
             same T-step iterate through ``torch.linalg.eigh`` (A must be symmetric, as the
             Gaussian kernel of landmarks is). Both give the same value up to rounding;
-            'spectral' is much faster for large m.
+            'spectral' costs one eigendecomposition instead of 2T matrix products, much
+            less for large m. 'auto' takes 'spectral' when m > ``SPECTRAL_MIN_SIZE``.
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
-    if method not in ('iterative', 'spectral'):
-        raise ValueError(f"method must be 'iterative' or 'spectral', got {method!r}")
+    if method not in PINV_METHODS:
+        raise ValueError(f'method must be one of {PINV_METHODS}, got {method!r}')
+    if method == 'auto':
+        method = 'spectral' if A.shape[-1] > SPECTRAL_MIN_SIZE else 'iterative'
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
@@ -173,7 +182,7 @@ def normalize_inverse(A, A_pinv):
     return d_inv_sqrt.unsqueeze(-1) * A_pinv * d_inv_sqrt.unsqueeze(-2)
 
 
-def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='iterative'):
+def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'):
     """Softmax-free attention P·Â·(Pᵀ·V) with the symmetric Gaussian kernel (K = Q).
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.

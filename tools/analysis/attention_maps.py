@@ -14,7 +14,6 @@ Examples:
 --image takes a file or a scikit-image sample name (astronaut, coffee, chelsea, rocket, ...);
 --layer defaults to the first attention layer; the tool lists the valid names if it is wrong.
 """
-import argparse
 import os
 import os.path as osp
 import sys
@@ -29,12 +28,8 @@ def main(argv=None):
     from mmsoft.models import SOFT
     from mmsoft.models.backbones.xcit_sima import SimAAttention
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split('\n\n', 1)[1])
-    parser.add_argument('--backbone', help='SOFT:ARCH or XCiTSimA:ARCH (default SOFT:small)')
-    parser.add_argument('--config', help='take the backbone from this config')
-    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
+    parser = analysis.tool_parser(__doc__)
+    analysis.add_backbone_args(parser)
     parser.add_argument('--image', default='astronaut', help='file or scikit-image sample')
     parser.add_argument('--size', type=int, default=448, help='short side of the input')
     parser.add_argument('--layer', help='attention module name (default: first)')

@@ -20,7 +20,6 @@ the papers' tables). Usage:
   python tools/analysis/complexity.py --backbone SOFT:small --shape 224 224
   python tools/analysis/complexity.py --all-configs --shape 512 512 --markdown
 """
-import argparse
 import glob
 import os.path as osp
 import sys
@@ -121,24 +120,13 @@ def build_from_config(path):
     return _TensorForward(model.eval())
 
 
-def build_backbone(spec):
-    import mmsoft  # noqa: F401
-    from mmsoft.models import SOFT, XCiTSimA
-    family, _, arch = spec.partition(':')
-    cls = {'SOFT': SOFT, 'XCiTSimA': XCiTSimA}[family]
-    model = cls(arch=arch or ('small' if family == 'SOFT' else 's12'))
-    model.init_weights()
-    return model.eval()
-
-
 def fmt_g(x):
     return f'{x / 1e9:.1f}G'
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split('\n\n', 1)[1])
+    from mmsoft.analysis import tool_parser
+    parser = tool_parser(__doc__)
     parser.add_argument('config', nargs='*', help='config file(s)')
     parser.add_argument('--backbone', action='append', default=[],
                         help='FAMILY:ARCH, e.g. SOFT:small or XCiTSimA:s12')
@@ -147,6 +135,7 @@ def main(argv=None):
     parser.add_argument('--shape', nargs=2, type=int, default=[800, 1280], metavar=('H', 'W'))
     parser.add_argument('--markdown', action='store_true', help='print a markdown table')
     args = parser.parse_args(argv)
+    from mmsoft.analysis import build_backbone
     items = [(b, lambda b=b: build_backbone(b)) for b in args.backbone]
     paths = list(args.config)
     if args.all_configs:

@@ -10,7 +10,6 @@ Example:
   python tools/analysis/newton_convergence.py --backbone SOFT:small --checkpoint soft_small.pth \\
       --images astronaut coffee chelsea --sizes 224 320 448 640 --out-dir nr
 """
-import argparse
 import csv
 import os
 import os.path as osp
@@ -25,12 +24,8 @@ def main(argv=None):
     from tqdm import tqdm
 
     from mmsoft import analysis
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split('\n\n', 1)[1])
-    parser.add_argument('--backbone', help='SOFT:ARCH (default SOFT:small)')
-    parser.add_argument('--config', help='take the backbone from this config')
-    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
+    parser = analysis.tool_parser(__doc__)
+    analysis.add_backbone_args(parser)
     parser.add_argument('--images', nargs='+', default=['astronaut', 'coffee', 'chelsea'])
     parser.add_argument('--size', type=int, default=224, help='short side for Fig. 4')
     parser.add_argument('--sizes', nargs='+', type=int, default=[128, 224, 320, 448],

@@ -9,7 +9,6 @@ Examples:
   python tools/deployment/export_onnx.py --config configs/xcit_sima/mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py \\
       --out xcit_sima_s12.onnx --check-sizes 224x224 480x640
 """
-import argparse
 import os.path as osp
 import sys
 import warnings
@@ -54,13 +53,9 @@ def check(model, path, sizes):
 
 
 def main(argv=None):
-    from mmsoft.analysis import build_backbone
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split('\n\n', 1)[1])
-    parser.add_argument('--backbone', help='SOFT:ARCH or XCiTSimA:ARCH (default SOFT:small)')
-    parser.add_argument('--config', help='take the backbone from this config')
-    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
+    from mmsoft import analysis
+    parser = analysis.tool_parser(__doc__)
+    analysis.add_backbone_args(parser)
     parser.add_argument('--out', required=True, help='output .onnx file')
     parser.add_argument('--opset', type=int, default=17)
     parser.add_argument('--check-sizes', nargs='+', default=['224x224', '320x480'],
@@ -69,7 +64,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.opset < 17:
         parser.error('--opset must be >= 17 (LayerNormalization)')
-    model = build_backbone(args.backbone, args.config, args.checkpoint)
+    model = analysis.build_backbone(args.backbone, args.config, args.checkpoint)
     export(model, args.out, opset=args.opset)
     sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.check_sizes]
     devs = check(model, args.out, sizes)

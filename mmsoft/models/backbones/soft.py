@@ -13,7 +13,7 @@ import torch.utils.checkpoint as cp
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
-from ..attention import soft_attention
+from ..attention import PINV_METHODS, soft_attention
 from ..utils import DropPath, build_norm, check_depths, check_input, load_pretrained
 from ...registry import register_model
 
@@ -24,7 +24,7 @@ class SoftKernelAttention(nn.Module):
     """Landmarks, Gaussian kernel, Newton inverse and the depthwise conv on V (SPEC 1.1)."""
 
     def __init__(self, head_dims, num_heads, sr_ratio, conv_size, newton_iters=20,
-                 normalize=True, pinv_method='iterative', landmark_grid=None):
+                 normalize=True, pinv_method='auto', landmark_grid=None):
         super().__init__()
         self.sr_ratio = sr_ratio
         self.landmark_grid = landmark_grid
@@ -216,8 +216,10 @@ class SOFT(BaseModule):
         newton_iters (int): Newton–Raphson steps T for the pseudo-inverse.
         attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25);
             False is the NeurIPS SOFT (paper Table 10 ablation).
-        pinv_method (str): 'iterative' runs the T iterations; 'spectral' evaluates the same
-            T-step iterate by eigendecomposition (same result, faster at large m).
+        pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
+            same result: 'iterative' runs the T matrix iterations, 'spectral' evaluates
+            them through one eigendecomposition (much faster at large m), 'auto' (default)
+            picks by the number of landmarks.
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
             (queries are average-pooled before the landmark conv when the r×r windows
             would give more), so cost stays linear in the number of tokens. None (the
@@ -259,7 +261,7 @@ class SOFT(BaseModule):
                  out_type='featmap',
                  newton_iters=20,
                  attn_normalize=True,
-                 pinv_method='iterative',
+                 pinv_method='auto',
                  landmark_grid=None,
                  drop_rate=0.,
                  drop_path_rate=0.1,
@@ -296,8 +298,8 @@ class SOFT(BaseModule):
         if not -1 <= frozen_stages <= self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}] (the number '
                              f'of built stages), got {frozen_stages}')
-        if pinv_method not in ('iterative', 'spectral'):
-            raise ValueError(f"pinv_method must be 'iterative' or 'spectral', got "
+        if pinv_method not in PINV_METHODS:
+            raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got '
                              f'{pinv_method!r}')
         if landmark_grid is not None and landmark_grid < 1:
             raise ValueError(f'landmark_grid must be None or >= 1, got {landmark_grid}')
