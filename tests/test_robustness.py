@@ -43,9 +43,11 @@ def backbones():
 @pytest.mark.parametrize('hw', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
 def test_sizes_batches_and_precisions(backbones, name, hw):
     model = backbones[name]
+    large = hw[0] * hw[1] > 200 * 200
     for batch in (1, 3):
         x = torch.randn(batch, 3, *hw)
-        for dtype in DTYPES:
+        # batch 3 of the large inputs in float32 only, to keep the suite short
+        for dtype in DTYPES[:1] if (large and batch == 3) else DTYPES:
             with torch.no_grad(), torch.autocast('cpu', dtype=dtype,
                                                  enabled=dtype != torch.float32):
                 outs = model(x)
@@ -100,14 +102,14 @@ def _build(cfg_rel):
                                  'soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py'])
 def test_shipped_models_on_odd_sizes(cfg):
     model = _build(cfg)
-    for hw in [(33, 47), (97, 131), (300, 2000)]:
-        for batch, dtype in ((1, torch.float32), (3, torch.bfloat16)):
-            x = torch.randn(batch, 3, *hw)
-            with torch.no_grad(), torch.autocast('cpu', dtype=dtype,
-                                                 enabled=dtype != torch.float32):
-                out = model._forward(x)
-            flat = out if isinstance(out, torch.Tensor) else [
-                t for level in out for t in (level if isinstance(level, (list, tuple))
-                                             else [level])]
-            flat = [flat] if isinstance(flat, torch.Tensor) else flat
-            assert all(torch.isfinite(t).all() for t in flat), (cfg, hw, dtype)
+    for hw, batch, dtype in [((33, 47), 3, torch.bfloat16), ((97, 131), 1, torch.float16),
+                             ((300, 2000), 1, torch.float32)]:
+        x = torch.randn(batch, 3, *hw)
+        with torch.no_grad(), torch.autocast('cpu', dtype=dtype,
+                                             enabled=dtype != torch.float32):
+            out = model._forward(x)
+        flat = out if isinstance(out, torch.Tensor) else [
+            t for level in out for t in (level if isinstance(level, (list, tuple))
+                                         else [level])]
+        flat = [flat] if isinstance(flat, torch.Tensor) else flat
+        assert all(torch.isfinite(t).all() for t in flat), (cfg, hw, dtype)

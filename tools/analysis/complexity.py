@@ -93,15 +93,26 @@ def count(model, inputs):
 
 
 class _TensorForward(torch.nn.Module):
-    """A detector / segmentor / classifier as a tensor -> tensors module (no data samples)."""
+    """A detector / segmentor / classifier as a tensor -> tensors module."""
 
-    def __init__(self, model):
+    def __init__(self, model, scope):
         super().__init__()
         self.model = model
+        self.scope = scope
 
     def forward(self, x):
-        out = self.model._forward(x)
-        return out
+        samples = None
+        if self.scope == 'mmdet':  # two-stage detectors read the image shape from metas
+            from mmdet.structures import DetDataSample
+            from mmengine.structures import InstanceData
+            shape = tuple(x.shape[-2:])
+            samples = [DetDataSample(
+                metainfo=dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
+                              batch_input_shape=shape, scale_factor=(1., 1.)),
+                gt_instances=InstanceData(bboxes=x.new_zeros(0, 4),
+                                          labels=x.new_zeros(0, dtype=torch.long)))
+                for _ in range(x.shape[0])]
+        return self.model(x, samples, mode='tensor')
 
 
 def build_from_config(path):
@@ -117,7 +128,7 @@ def build_from_config(path):
     registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
     model = revert_sync_batchnorm(registry.build(cfg.model))
     model.init_weights()
-    return _TensorForward(model.eval())
+    return _TensorForward(model.eval(), cfg.default_scope)
 
 
 def fmt_g(x):
