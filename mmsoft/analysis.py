@@ -209,3 +209,22 @@ def add_backbone_args(parser, default='SOFT:small'):
     parser.add_argument('--backbone', help=f'SOFT:ARCH or XCiTSimA:ARCH (default {default})')
     parser.add_argument('--config', help='take the backbone from this config')
     parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
+
+
+def build_model_from_config(cfg):
+    """The detector / segmentor / classifier of a config (path or ``Config``), built as
+    mmengine's Runner does (codebase scope, top-level ``data_preprocessor``), without the
+    backbone's ImageNet checkpoint, with SyncBN reverted to BN, after ``init_weights()``."""
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+    if not isinstance(cfg, Config):
+        cfg = Config.fromfile(cfg)
+    init_default_scope(cfg.default_scope)
+    cfg.model.backbone.pop('init_cfg', None)
+    if 'data_preprocessor' in cfg:
+        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
+    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
+    model = revert_sync_batchnorm(registry.build(cfg.model))
+    model.init_weights()
+    return model

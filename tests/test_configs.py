@@ -6,8 +6,6 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(
@@ -43,16 +41,8 @@ def config_id(path):
 
 
 def build_model(cfg):
-    import mmsoft  # noqa: F401
-    init_default_scope(cfg.default_scope)
-    registry = {'mmdet': 'mmdet', 'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain'}
-    mod = __import__(registry[cfg.default_scope] + '.registry', fromlist=['MODELS'])
-    cfg.model.backbone.pop('init_cfg', None)  # no ImageNet checkpoint on this machine
-    if 'data_preprocessor' in cfg:  # as mmengine's Runner does (mmpretrain configs)
-        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
-    model = revert_sync_batchnorm(mod.MODELS.build(cfg.model))
-    model.init_weights()
-    return model
+    from mmsoft.analysis import build_model_from_config
+    return build_model_from_config(cfg)
 
 
 def det_batch(model, num_classes, with_mask, h=128, w=160):

@@ -54,14 +54,8 @@ def tool_metric(cfg, ckpt, workdir, out_dir, name):
 
 def untrained_checkpoint(cfg_path, path):
     """The config's model after init_weights(), saved as an mmengine checkpoint."""
-    import mmsoft  # noqa: F401
-    from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-    cfg = Config.fromfile(cfg_path)
-    init_default_scope(cfg.default_scope)
-    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
-    model = registry.build(cfg.model)
-    model.init_weights()
+    from mmsoft.analysis import build_model_from_config
+    model = build_model_from_config(cfg_path)
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
     return str(path)
 

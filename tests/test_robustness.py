@@ -4,9 +4,6 @@ import os.path as osp
 
 import pytest
 import torch
-from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
 
 from mmsoft.models import SOFT, XCiTSimA
 
@@ -88,14 +85,8 @@ def test_minimum_sizes_are_documented_errors():
 
 
 def _build(cfg_rel):
-    import mmsoft  # noqa: F401
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', cfg_rel))
-    init_default_scope(cfg.default_scope)
-    cfg.model.backbone.init_cfg = None
-    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
-    model = revert_sync_batchnorm(registry.build(cfg.model))
-    model.init_weights()
-    return model.eval()
+    from mmsoft.analysis import build_model_from_config
+    return build_model_from_config(osp.join(ROOT, 'configs', cfg_rel)).eval()
 
 
 @pytest.mark.parametrize('cfg', ['soft/retinanet_soft-t_fpn_1x_coco.py',

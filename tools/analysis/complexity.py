@@ -116,19 +116,11 @@ class _TensorForward(torch.nn.Module):
 
 
 def build_from_config(path):
-    import mmsoft  # noqa: F401
     from mmengine.config import Config
-    from mmengine.model import revert_sync_batchnorm
-    from mmengine.registry import init_default_scope
+
+    from mmsoft.analysis import build_model_from_config
     cfg = Config.fromfile(path)
-    init_default_scope(cfg.default_scope)
-    cfg.model.backbone.pop('init_cfg', None)
-    if 'data_preprocessor' in cfg:
-        cfg.model.setdefault('data_preprocessor', cfg.data_preprocessor)
-    registry = __import__(cfg.default_scope + '.registry', fromlist=['MODELS']).MODELS
-    model = revert_sync_batchnorm(registry.build(cfg.model))
-    model.init_weights()
-    return _TensorForward(model.eval(), cfg.default_scope)
+    return _TensorForward(build_model_from_config(cfg).eval(), cfg.default_scope)
 
 
 def fmt_g(x):
