@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from mmsoft.models.attention import (gaussian_kernel, newton_alpha, newton_pinv,
-                                     newton_pinv_error, normalize_inverse, sima_attention,
-                                     soft_attention)
+                                     newton_pinv_error, normalize_inverse,
+                                     regularized_apply, sima_attention, soft_attention)
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
@@ -57,6 +57,58 @@ def test_alpha_is_per_matrix():
     batched = newton_pinv(A)
     for i in range(2):
         assert torch.allclose(batched[i], newton_pinv(A[i]), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize('scale', [0.05, 0.3, 1.0])
+def test_alpha_from_row_sums_equals_alpha_from_a_squared(scale):
+    """The O(m²) α of nonnegative symmetric kernels is the α of the m×m residual."""
+    A = gaussian_kernel_matrix(96, batch=(4, ), scale=scale, dtype=torch.float32)
+    slow = newton_alpha(A)
+    fast = newton_alpha(A, nonnegative=True)
+    assert torch.equal(slow, fast)
+    if scale == 0.05:  # nearly all-ones kernel: α is halved several times
+        assert (slow < 2.0 / A.sum(-1).amax(-1).pow(2)[:, None, None] / 8).all()
+
+
+def test_gaussian_kernel_gradient():
+    a = torch.randn(2, 7, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(gaussian_kernel, (a, b))
+    ref = torch.exp(-torch.cdist(a, b).pow(2) / 2)
+    assert torch.allclose(gaussian_kernel(a, b), ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+def test_soft_attention_gradients_equal_the_explicit_inverse(method):
+    """A⁺ applied without forming it: same values and Eq. 16 gradients as forming it."""
+    q = (torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5).requires_grad_()
+    lm = (torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5).requires_grad_()
+    v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
+    G = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    out = soft_attention(q, lm, v, pinv_method=method)
+    grads = torch.autograd.grad((out * G).sum(), (q, lm, v))
+    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+    ref = P @ (normalize_inverse(A, newton_pinv(A, method=method)) @ (P.mT @ v))
+    ref_grads = torch.autograd.grad((ref * G).sum(), (q, lm, v))
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-8, atol=1e-10 * r.abs().max().item())
+
+
+def test_regularized_mode_is_the_tikhonov_filter():
+    """Fast mode: λ/(λ² + μ) with μ = 1/(α·2^T) on A's eigenvalues; close to the iterate."""
+    A = gaussian_kernel_matrix(40, batch=(2, ), scale=0.3)
+    Z = torch.randn(2, 40, 8, dtype=torch.float64)
+    mu = 1 / (newton_alpha(A) * 2.0**20)
+    lam, U = torch.linalg.eigh(A)
+    expected = U @ ((lam / (lam**2 + mu.squeeze(-1))).unsqueeze(-1) * (U.mT @ Z))
+    out = regularized_apply(A, Z)
+    assert torch.allclose(out, expected, rtol=1e-6, atol=1e-9 * expected.abs().max().item())
+    iterate = newton_pinv(A) @ Z
+    dev = ((out - iterate).norm() / iterate.norm()).item()
+    assert 0 < dev < 0.1
+    with pytest.raises(ValueError, match='regularized'):
+        newton_pinv(A, method='regularized')
 
 
 def test_backward_matches_exact_inverse_gradient():

@@ -7,6 +7,8 @@ Sections (``--sections``, default all):
   train    forward + backward of the SOFT-Small backbone (a training step, no optimizer)
   modes    SOFT attention modes: time and deviation from the 20-iteration reference on the
            parity fixture input and on a real photo (scikit-image's astronaut)
+  memory   peak memory of one forward at the largest --sizes entry (a process per model):
+           SOFT-S modes, the official computation order and Swin-T
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -34,15 +36,23 @@ sys.path.insert(0, ROOT)
 
 
 # ----------------------------------------------------------------------------- models
+def _out_of_place_kernel(a, b):
+    """exp(-||a - b||²/2) with a new tensor per step, as the official code computes it."""
+    a_sq = a.pow(2).sum(-1, keepdim=True)
+    b_sq = b.pow(2).sum(-1).unsqueeze(-2)
+    return (a @ b.transpose(-1, -2) - 0.5 * a_sq - 0.5 * b_sq).clamp(max=0).exp()
+
+
 def official_order_attention(q, landmarks, v, iters=20, normalize=True, **_):
     """The official code's order of computation (for timing; same value as ours)."""
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv, normalize_inverse
-    A = gaussian_kernel(landmarks, landmarks)
+    from mmsoft.models.attention import newton_pinv, normalize_inverse
+    A = _out_of_place_kernel(landmarks, landmarks)
+    # α from the m×m residual ||I - α·A·A||₁ at every halving, then 2T matrix products.
     Y = newton_pinv(A, iters=iters, method='iterative')
     if normalize:
         Y = normalize_inverse(A, Y)
-    left = gaussian_kernel(q, landmarks) @ Y  # (P·Â): O(N·m²)
-    right = gaussian_kernel(landmarks, q) @ v  # P computed a second time
+    left = _out_of_place_kernel(q, landmarks) @ Y  # (P·Â): O(N·m²)
+    right = _out_of_place_kernel(landmarks, q) @ v  # P computed a second time
     return left @ right
 
 
@@ -52,6 +62,8 @@ SOFT_MODES = {
     'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
     'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
     'auto': (dict(pinv_method='auto'), 'default: spectral when m > 128, else iterative'),
+    'regularized': (dict(pinv_method='regularized'),
+                    'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
     'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
     'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
 }
@@ -77,6 +89,8 @@ def build(name, mode='auto'):
         return SOFT(arch='small', drop_path_rate=0., **SOFT_MODES[mode][0])
     if name == 'XCiT-SimA-S12/16':
         return XCiTSimA(arch='s12', patch_size=16, drop_path_rate=0.)
+    if name == 'XCiT-SimA-S12/16 trunk':  # no stride 4/8/32 pyramid, like mmpretrain's
+        return XCiTSimA(arch='s12', patch_size=16, drop_path_rate=0., with_pyramid=False)
     from mmdet.models.backbones import PyramidVisionTransformer, ResNet, SwinTransformer
     if name == 'Swin-T':
         return SwinTransformer()
@@ -142,7 +156,7 @@ def fmt(s):
 # ----------------------------------------------------------------------------- sections
 def section_speed(args, out):
     names = ['SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
-             'XCiT-S12/16 (mmpretrain)']
+             'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)']
     rows = {}
     for size in args.sizes:
         hw = parse_size(size)
@@ -167,6 +181,10 @@ def section_speed(args, out):
             speedup = rows['SOFT-S official order'][s] / rows['SOFT-S'][s]
             lines.append(f'SOFT-S (default mode) is {speedup:.1f}× faster than the official '
                          f'computation order at {s}.')
+    for s in args.sizes:
+        ratio = rows['XCiT-SimA-S12/16 trunk'][s] / rows['XCiT-S12/16 (mmpretrain)'][s]
+        lines.append(f'XCiT-SimA-S12/16 trunk / MMPretrain XCiT-S12/16 at {s}: {ratio:.2f} '
+                     '(both without a pyramid; the pyramid adds its transposed convolutions).')
     out['speed'] = rows
     return lines
 
@@ -255,7 +273,9 @@ def _child_measure(name, mode, size, device, repeat):
 
 
 def child(name, mode, size, device, repeat):
-    model = build(name, mode).to(device).eval()
+    official = mode == 'official order'
+    model = build(name, mode).to(device)
+    model.train(False)  # some mmdet backbones' train() returns None: no chaining
     hw = parse_size(size)
     if device == 'cuda':
         torch.cuda.reset_peak_memory_stats()
@@ -265,7 +285,7 @@ def child(name, mode, size, device, repeat):
         with torch.no_grad():  # a small warm-up so that library start-up is not counted
             model(torch.randn(1, 3, 64, 64, device=device))
         base = max(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    t = measure(model, hw, device, repeat)
+    t = measure(model, hw, device, repeat, official=official)
     if device == 'cuda':
         peak = torch.cuda.max_memory_allocated() - base
     else:
@@ -320,6 +340,28 @@ def section_scaling(args, out):
     return lines
 
 
+def section_memory(args, out):
+    """Peak memory of one forward at the largest ``--sizes`` entry, each in its own process."""
+    size = args.sizes[-1]
+    series = [('SOFT-S', 'auto'), ('SOFT-S', 'regularized'), ('SOFT-S', 'grid16'),
+              ('Swin-T', 'auto')]
+    if not args.skip_official:
+        series.insert(1, ('SOFT-S', 'official order'))
+    lines = [f'| backbone @{size} | forward time | peak memory above the loaded model |',
+             '|---|---|---|']
+    rows = {}
+    for name, mode in series:
+        label = name + (f' [{mode}]' if name == 'SOFT-S' else '')
+        r = _child_measure(name, mode, size, args.device,
+                           0 if mode == 'official order' else args.repeat)
+        rows[label] = r
+        cells = f'{fmt(r["time"])} | {r["peak_mb"]:.0f} MB' if r else 'failed | –'
+        lines.append(f'| {label} | {cells} |')
+        print(f'  measured {label}', flush=True)
+    out['memory'] = rows
+    return lines
+
+
 def section_pinv(args, out):
     """Batched 20-step pseudo-inverse of Gaussian-kernel matrices: iterations vs eigh."""
     from mmsoft.models.attention import gaussian_kernel, newton_pinv
@@ -345,8 +387,8 @@ def section_pinv(args, out):
     return lines
 
 
-SECTIONS = {'pinv': section_pinv, 'speed': section_speed, 'train': section_train, 'modes': section_modes,
-            'scaling': section_scaling}
+SECTIONS = {'pinv': section_pinv, 'speed': section_speed, 'train': section_train,
+            'modes': section_modes, 'memory': section_memory, 'scaling': section_scaling}
 
 
 def main(argv=None):
@@ -354,7 +396,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--sections', default='pinv,speed,train,modes,scaling')
+    parser.add_argument('--sections', default='pinv,speed,train,modes,memory,scaling')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])

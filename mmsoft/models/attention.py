@@ -3,6 +3,7 @@
 SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``gaussian_kernel``      κ(a, b) = exp(-||a - b||² / 2) between two token sets
     ``newton_pinv``          Moore–Penrose inverse by Newton–Raphson iteration, per matrix
+    ``regularized_apply``    fast mode: a Tikhonov solve standing in for the iterate
     ``normalize_inverse``    attention normalization D^-1/2 A⁺ D^-1/2
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 __all__ = [
     'gaussian_kernel', 'newton_alpha', 'newton_pinv', 'newton_pinv_error',
-    'normalize_inverse', 'soft_attention', 'sima_attention'
+    'normalize_inverse', 'regularized_apply', 'soft_attention', 'sima_attention'
 ]
 
 
@@ -42,12 +43,14 @@ def gaussian_kernel(a, b):
     """
     a_sq = a.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
     b_sq = b.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
-    # -||a - b||²/2 = a·b - |a|²/2 - |b|²/2; clamp at 0 against rounding above 0.
-    logits = (a @ b.transpose(-1, -2) - 0.5 * a_sq - 0.5 * b_sq).clamp(max=0)
-    return logits.exp()
+    # -||a - b||²/2 = a·b - |a|²/2 - |b|²/2; clamp at 0 against rounding above 0. The
+    # (N, M) product is updated in place: at detection sizes it is the largest tensor of
+    # the layer, and every extra copy of it costs memory traffic.
+    logits = a @ b.transpose(-1, -2)
+    return logits.sub_(0.5 * a_sq).sub_(0.5 * b_sq).clamp_(max=0).exp_()
 
 
-def newton_alpha(A, max_halvings=10):
+def newton_alpha(A, max_halvings=10, nonnegative=False):
     """Initial step α of the Newton–Raphson inverse, chosen per matrix (SPEC 1.1 step 5).
 
     α = 2 / (max row sum of |A|)², halved while ||I - α·A·A||₁ > 1.01 (at most
@@ -55,24 +58,39 @@ def newton_alpha(A, max_halvings=10):
 
     Args:
         A (Tensor): (..., m, m)
+        max_halvings (int): at most this many halvings.
+        nonnegative (bool): A is symmetric with nonnegative entries (a Gaussian kernel
+            matrix is). Then column j of I - α·A² has the diagonal entry 1 - α·a_j with
+            a_j = Σ_k A_jk² and off-diagonal entries of total size α·(s_j - a_j) with
+            s_j = (A·(A·1))_j, so ||I - α·A²||₁ = max_j |1 - α·a_j| + α·(s_j - a_j) costs
+            O(m²) per α instead of forming A·A (O(m³)) and an m×m residual per halving.
     Returns:
         Tensor: (..., 1, 1) α for every matrix of the batch (not one α for the whole batch,
         which would make one image's output depend on the others in its batch).
     """
-    m = A.shape[-1]
     alpha = 2.0 / A.abs().sum(-1).amax(-1).pow(2)  # (...)
     alpha = alpha[..., None, None]
-    eye = torch.eye(m, dtype=A.dtype, device=A.device)
-    AA = A @ A
+    if nonnegative:
+        diag = A.pow(2).sum(-1)[..., None, :]  # a_j, (..., 1, m)
+        off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
+
+        def residual_norm(alpha):
+            return ((1 - alpha * diag).abs() + alpha * off).amax(-1, keepdim=True)
+    else:
+        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        AA = A @ A
+
+        def residual_norm(alpha):
+            return (eye - alpha * AA).abs().sum(-2).amax(-1)[..., None, None]
+
     # A fixed number of steps with torch.where (no data-dependent break): the result is
     # the same (α stops halving once the bound holds) and the graph stays traceable.
     for _ in range(max_halvings):
-        err = (eye - alpha * AA).abs().sum(-2).amax(-1)[..., None, None]
-        alpha = torch.where(err > 1.01, alpha / 2, alpha)
+        alpha = torch.where(residual_norm(alpha) > 1.01, alpha / 2, alpha)
     return alpha
 
 
-def _pinv_iterative(A, alpha, iters):
+def _iterate(A, alpha, iters):
     """V₀ = αA; V_{k+1} = 2V_k - V_k·A·V_k (paper Alg. 2, alternative form)."""
     V = alpha * A
     for _ in range(iters):
@@ -80,36 +98,59 @@ def _pinv_iterative(A, alpha, iters):
     return V
 
 
-def _pinv_spectral(A, alpha, iters):
-    """The same T-step iterate, evaluated through the eigendecomposition of symmetric A.
+def _spectral_filter(lam, alpha, iters):
+    """v_T(λ): what T Newton–Raphson steps from V₀ = αA do to an eigenvalue λ of A.
 
-    Every iterate is a polynomial in A, so on an eigenpair (λ, u) of A it acts as
+    Every iterate is a polynomial in A, so on an eigenpair (λ, u) it acts as
     v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, with v_T(λ) → α·λ·2^T as λ → 0 (SPEC 1.1).
     """
-    lam, U = torch.linalg.eigh(A)
     a = alpha.squeeze(-1)
     x = a * lam * lam  # αλ², (..., m)
     # (1 - x)^(2^T) = exp(2^T · log|1 - x|) (2^T is even); log1p keeps small x exact.
-    tiny = torch.finfo(A.dtype).tiny
+    tiny = torch.finfo(lam.dtype).tiny
     log_base = torch.where(x < 0.5, torch.log1p(-x.clamp(max=0.5)),
                            torch.log((1 - x).abs().clamp_min(tiny)))
     one_minus = -torch.expm1(log_base * float(2**iters))  # 1 - (1 - x)^(2^T)
     nonzero = lam != 0
-    v = torch.where(nonzero, one_minus / torch.where(nonzero, lam, torch.ones_like(lam)),
-                    a * lam * float(2**iters))
-    return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+    return torch.where(nonzero, one_minus / torch.where(nonzero, lam, torch.ones_like(lam)),
+                       a * lam * float(2**iters))
+
+
+class _NewtonInverse:
+    """The T-step Newton–Raphson iterate Y of A, kept in whichever form is cheaper.
+
+    'iterative' keeps Y itself (2T matrix products); 'spectral' keeps A's eigenvectors U
+    and v_T of its eigenvalues, Y = U·diag(v)·Uᵀ, which can be applied to a thin matrix
+    without ever forming Y.
+    """
+
+    def __init__(self, A, iters, method, nonnegative):
+        alpha = newton_alpha(A, nonnegative=nonnegative)
+        self.method = method
+        if method == 'iterative':
+            self.Y = _iterate(A, alpha, iters)
+        else:
+            lam, self.U = torch.linalg.eigh(A)
+            self.v = _spectral_filter(lam, alpha, iters)
+
+    def matrix(self):
+        if self.method == 'iterative':
+            return self.Y
+        return (self.U * self.v.unsqueeze(-2)) @ self.U.transpose(-1, -2)
+
+    def apply(self, Z, transpose=False):
+        """Y·Z (or Yᵀ·Z) for Z of shape (..., m, n)."""
+        if self.method == 'iterative':
+            return (self.Y.transpose(-1, -2) if transpose else self.Y) @ Z
+        return self.U @ (self.v.unsqueeze(-1) * (self.U.transpose(-1, -2) @ Z))
 
 
 class _NewtonPinv(torch.autograd.Function):
-    """A⁺ by Newton–Raphson; backward treats A⁺ as an exact inverse (paper Eq. 16)."""
+    """Y = A⁺ by Newton–Raphson; backward treats Y as an exact inverse (paper Eq. 16)."""
 
     @staticmethod
-    def forward(ctx, A, iters, method):
-        alpha = newton_alpha(A)
-        if method == 'iterative':
-            Y = _pinv_iterative(A, alpha, iters)
-        else:
-            Y = _pinv_spectral(A, alpha, iters)
+    def forward(ctx, A, iters, method, nonnegative):
+        Y = _NewtonInverse(A, iters, method, nonnegative).matrix()
         ctx.save_for_backward(Y)
         return Y
 
@@ -117,16 +158,55 @@ class _NewtonPinv(torch.autograd.Function):
     def backward(ctx, grad_Y):
         Y, = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
-        return -Yt @ grad_Y @ Yt, None, None
+        return -Yt @ grad_Y @ Yt, None, None, None
+
+
+class _NewtonPinvApply(torch.autograd.Function):
+    """W = A⁺·Z without forming A⁺ when the spectral form is used.
+
+    Backward as paper Eq. 16 (A⁺ treated as an exact inverse): with ∇Y = ∇W·Zᵀ,
+    ∇A = -Yᵀ·∇Y·Yᵀ = -(Yᵀ·∇W)·Wᵀ and ∇Z = Yᵀ·∇W, so the same two thin products serve
+    both and the gradient equals that of ``newton_pinv(A) @ Z``.
+    """
+
+    @staticmethod
+    def forward(ctx, A, Z, iters, method, nonnegative):
+        inv = _NewtonInverse(A, iters, method, nonnegative)
+        W = inv.apply(Z)
+        ctx.inv = inv
+        ctx.save_for_backward(W)
+        return W
+
+    @staticmethod
+    def backward(ctx, grad_W):
+        W, = ctx.saved_tensors
+        grad_Z = ctx.inv.apply(grad_W, transpose=True)
+        del ctx.inv
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None
 
 
 # Above this many landmarks one eigendecomposition beats 2T = 40 batched matrix products
 # (measured on CPU with tools/benchmark.py --sections pinv).
 SPECTRAL_MIN_SIZE = 128
-PINV_METHODS = ('auto', 'iterative', 'spectral')
+# 'regularized' is a fast mode: not the T-step iterate (see ``regularized_apply``).
+PINV_METHODS = ('auto', 'iterative', 'spectral', 'regularized')
 
 
-def newton_pinv(A, iters=20, method='auto'):
+def _resolve_method(method, m, iters):
+    if method not in PINV_METHODS:
+        raise ValueError(f'method must be one of {PINV_METHODS}, got {method!r}')
+    if iters < 0:
+        raise ValueError(f'iters must be >= 0, got {iters}')
+    if method == 'auto':
+        method = 'spectral' if m > SPECTRAL_MIN_SIZE else 'iterative'
+    return method
+
+
+def _float_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def newton_pinv(A, iters=20, method='auto', nonnegative=False):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -142,18 +222,36 @@ def newton_pinv(A, iters=20, method='auto'):
             Gaussian kernel of landmarks is). Both give the same value up to rounding;
             'spectral' costs one eigendecomposition instead of 2T matrix products, much
             less for large m. 'auto' takes 'spectral' when m > ``SPECTRAL_MIN_SIZE``.
+            ('regularized' exists only for ``soft_attention``.)
+        nonnegative (bool): A is symmetric with nonnegative entries; α is then found in
+            O(m²) (same value, see ``newton_alpha``).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
-    if method not in PINV_METHODS:
-        raise ValueError(f'method must be one of {PINV_METHODS}, got {method!r}')
-    if method == 'auto':
-        method = 'spectral' if A.shape[-1] > SPECTRAL_MIN_SIZE else 'iterative'
-    if iters < 0:
-        raise ValueError(f'iters must be >= 0, got {iters}')
-    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    method = _resolve_method(method, A.shape[-1], iters)
+    if method == 'regularized':
+        raise ValueError("method='regularized' never forms the inverse; it is only "
+                         'available in soft_attention')
     with torch.autocast(device_type=_device_type(A), enabled=False):
-        return _NewtonPinv.apply(A.to(dtype), iters, method)
+        return _NewtonPinv.apply(A.to(_float_dtype(A)), iters, method, nonnegative)
+
+
+def regularized_apply(A, Z, iters=20):
+    """Fast mode: (A² + μI)⁻¹·A·Z with μ = 1 / (α·2^T), by one Cholesky factorization.
+
+    T Newton steps filter an eigenvalue λ of A to (1 - (1 - αλ²)^(2^T)) / λ ≈
+    (1 - exp(-λ²/μ)) / λ: the exact inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ. The
+    Tikhonov filter λ / (λ² + μ) has the same two limits, so with this μ it is a close
+    stand-in (it deviates most, by up to ~20 % on that eigen-component, where λ² ≈ μ);
+    ``tools/benchmark.py --sections modes`` reports the resulting output deviation.
+    One m×m product and one Cholesky factorization replace the eigendecomposition;
+    gradients are exact for this filter (autograd through the solve).
+    """
+    alpha = newton_alpha(A.detach(), nonnegative=True)
+    mu = 1.0 / (alpha * float(2**iters))  # (..., 1, 1)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    L = torch.linalg.cholesky(A @ A + mu * eye)
+    return torch.cholesky_solve(A @ Z, L)
 
 
 def newton_pinv_error(A, Y):
@@ -186,6 +284,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     """Softmax-free attention P·Â·(Pᵀ·V) with the symmetric Gaussian kernel (K = Q).
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.
+    Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
+    A⁺ is applied to them (through A's eigenvectors for the spectral method).
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)
@@ -194,20 +294,30 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         iters (int): Newton–Raphson steps.
         normalize (bool): apply D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25); off reproduces the
             un-normalized SOFT of the NeurIPS paper (Table 10 ablation).
-        pinv_method (str): see ``newton_pinv``.
+        pinv_method (str): 'auto', 'iterative' or 'spectral' (the T-step iterate, see
+            ``newton_pinv``) or the fast mode 'regularized' (see ``regularized_apply``).
     Returns:
         Tensor: (..., N, d)
     """
+    method = _resolve_method(pinv_method, landmarks.shape[-2], iters)
     P = gaussian_kernel(q, landmarks)  # (..., N, m), computed once per layer
+    Z = P.transpose(-1, -2) @ v  # (..., m, d)
     # The small m×m landmark kernel and its inverse always stay in float32.
     with torch.autocast(device_type=_device_type(q), enabled=False):
-        lm = landmarks.float() if landmarks.dtype != torch.float64 else landmarks
+        dtype = _float_dtype(landmarks)
+        lm = landmarks.to(dtype)
         A = gaussian_kernel(lm, lm)  # (..., m, m)
-        A_pinv = newton_pinv(A, iters=iters, method=pinv_method)
+        Z = Z.to(dtype)
         if normalize:
-            A_pinv = normalize_inverse(A, A_pinv)
-    A_pinv = A_pinv.to(P.dtype)
-    return P @ (A_pinv @ (P.transpose(-1, -2) @ v))
+            d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
+            Z = d_inv_sqrt * Z
+        if method == 'regularized':
+            W = regularized_apply(A, Z, iters)
+        else:
+            W = _NewtonPinvApply.apply(A, Z, iters, method, True)
+        if normalize:
+            W = d_inv_sqrt * W
+    return P @ W.to(P.dtype)
 
 
 # ---------------------------------------------------------------------------------------

@@ -219,7 +219,10 @@ class SOFT(BaseModule):
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
             same result: 'iterative' runs the T matrix iterations, 'spectral' evaluates
             them through one eigendecomposition (much faster at large m), 'auto' (default)
-            picks by the number of landmarks.
+            picks by the number of landmarks. 'regularized' is a fast mode that is *not*
+            the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one Cholesky
+            factorization (``mmsoft.models.attention.regularized_apply``; deviation from
+            the reference in the README's benchmark section).
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
             (queries are average-pooled before the landmark conv when the r×r windows
             would give more), so cost stays linear in the number of tokens. None (the
