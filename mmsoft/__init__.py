@@ -9,5 +9,6 @@ from .version import __version__
 allow_mmengine_checkpoints()
 
 from .models import SOFT, XCiTSimA  # noqa: E402
+from . import engine  # noqa: E402,F401  (registers CPUDistributedDataParallel)
 
 __all__ = ['__version__', 'SOFT', 'XCiTSimA']

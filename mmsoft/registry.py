@@ -11,7 +11,7 @@ from mmengine.registry import Registry
 MODELS = Registry('model', parent=ROOT_MODELS, scope='mmsoft', locations=['mmsoft.models'])
 
 
-def _register(registry, cls):
+def register_in(registry, cls):
     existing = registry.module_dict.get(cls.__name__)
     # Re-importing mmsoft (importlib.reload, a second custom_imports) re-creates the class:
     # replace our own entry, but never a different project's class of the same name.
@@ -19,7 +19,7 @@ def _register(registry, cls):
         cls.__module__, cls.__qualname__)
     if existing is not None and not same:
         raise KeyError(f'{cls.__name__} is already registered in the {registry.scope} '
-                       f'model registry by {existing.__module__}')
+                       f'{registry.name} registry by {existing.__module__}')
     registry.register_module(module=cls, force=same)
 
 
@@ -27,8 +27,8 @@ def register_model():
     """Class decorator: register in mmsoft's MODELS and in mmengine's root MODELS."""
 
     def wrap(cls):
-        _register(MODELS, cls)
-        _register(ROOT_MODELS, cls)
+        register_in(MODELS, cls)
+        register_in(ROOT_MODELS, cls)
         return cls
 
     return wrap

@@ -48,3 +48,16 @@ def test_foreign_class_with_same_name_is_refused():
 
     with pytest.raises(KeyError, match='already registered'):
         _register(MODELS, SOFT)
+
+
+def test_cpu_ddp_wrapper_resolves_from_codebases_and_checks_launcher():
+    import mmsoft  # noqa: F401
+    from mmengine.config import Config
+    from mmsoft.engine import CPUDistributedDataParallel, setup_cpu_distributed
+    from mmdet.registry import MODEL_WRAPPERS
+    init_default_scope('mmdet')
+    assert MODEL_WRAPPERS.get('CPUDistributedDataParallel') is CPUDistributedDataParallel
+    assert setup_cpu_distributed(Config(dict(launcher='none'))) is False
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match='launcher pytorch'):
+            setup_cpu_distributed(Config(dict(launcher='slurm')))

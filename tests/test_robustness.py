@@ -104,3 +104,20 @@ def test_shipped_models_on_odd_sizes(cfg):
                                          else [level])]
         flat = [flat] if isinstance(flat, torch.Tensor) else flat
         assert all(torch.isfinite(t).all() for t in flat), (cfg, hw, dtype)
+
+
+@pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
+def test_norm_eval_freezes_batch_norm_statistics(name):
+    """norm_eval=True (frozen BN, e.g. for multi-process CPU training, where SyncBN is not
+    available): BN layers stay in eval mode in train(), their statistics do not move."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    cls, arch = (SOFT, 'tiny') if name == 'SOFT' else (XCiTSimA, 't12')
+    for norm_eval in (True, False):
+        model = cls(arch=arch, norm_eval=norm_eval, drop_path_rate=0.).train()
+        bns = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+        assert bns and all(m.training != norm_eval for m in bns)
+        before = [m.running_mean.clone() for m in bns]
+        model(torch.randn(2, 3, 64, 64) * 3 + 1)
+        same = all(torch.equal(b, m.running_mean) for b, m in zip(before, bns))
+        assert same == norm_eval
+        assert model.training

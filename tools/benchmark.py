@@ -4,7 +4,8 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone: matrix iterations vs eigh, by m
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios
-  train    forward + backward of the SOFT-Small backbone (a training step, no optimizer)
+  train    forward + backward of the SOFT-Small backbone (default and fast modes) and
+           Swin-T: a training step without the optimizer
   modes    SOFT attention modes: time and deviation from the 20-iteration reference on the
            parity fixture input and on a real photo (scikit-image's astronaut)
   memory   peak memory of one forward at the largest --sizes entry (a process per model):
@@ -193,12 +194,12 @@ def section_train(args, out):
     rows = {}
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in ('iterative', 'auto'):
-            rows.setdefault(f'SOFT-S {mode}', {})[size] = measure(build('SOFT-S', mode), hw, args.device,
-                                                      args.repeat, train=True)
+        for mode in ('auto', 'regularized', 'grid16'):
+            rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
+                build('SOFT-S', mode), hw, args.device, args.repeat, train=True)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
                                                       args.repeat, train=True)
-    lines = ['| SOFT-S forward+backward | ' + ' | '.join(args.sizes) + ' |',
+    lines = ['| forward+backward (train mode) | ' + ' | '.join(args.sizes) + ' |',
              '|---|' + '---|' * len(args.sizes)]
     for name, r in rows.items():
         lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' |')
@@ -373,11 +374,11 @@ def section_pinv(args, out):
         A = gaussian_kernel(x, x)
         t = {}
         for method in ('iterative', 'spectral'):
-            newton_pinv(A, method=method)
+            newton_pinv(A, method=method, nonnegative=True)
             _sync(args.device)
             t0 = time.perf_counter()
             for _ in range(3):
-                newton_pinv(A, method=method)
+                newton_pinv(A, method=method, nonnegative=True)
             _sync(args.device)
             t[method] = (time.perf_counter() - t0) / 3
         rows[m] = t

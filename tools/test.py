@@ -42,6 +42,8 @@ def main(argv=None):
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     cfg.load_from = args.checkpoint
+    from mmsoft.engine import setup_cpu_distributed
+    setup_cpu_distributed(cfg)  # torchrun without CUDA: gloo, DDP without device_ids
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out is not None:
         if not args.out.endswith(('.pkl', '.pickle')):

@@ -64,6 +64,8 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    from mmsoft.engine import setup_cpu_distributed
+    setup_cpu_distributed(cfg)  # torchrun without CUDA: gloo, DDP without device_ids
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -85,3 +85,12 @@ def load_pretrained(model, path, filter_fn, prefix=None, logger='current'):
               f'{unexpected or "none"}', logger=MMLogger.get_current_instance()
               if logger == 'current' else logger)
     return missing, unexpected
+
+
+def eval_batch_norms(module):
+    """Put every BatchNorm layer of ``module`` in eval mode: normalize with the running
+    statistics and stop updating them (``norm_eval=True`` of mmdet backbones)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    for m in module.modules():
+        if isinstance(m, _BatchNorm):
+            m.eval()

@@ -14,7 +14,8 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
 from ..attention import PINV_METHODS, soft_attention
-from ..utils import DropPath, build_norm, check_depths, check_input, load_pretrained
+from ..utils import (DropPath, build_norm, check_depths, check_input, eval_batch_norms,
+                     load_pretrained)
 from ...registry import register_model
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
@@ -230,6 +231,9 @@ class SOFT(BaseModule):
         drop_rate (float): dropout after the position embedding.
         drop_path_rate (float): stochastic depth, increasing linearly over all blocks.
         norm_cfg (dict): norm of the convolutional patch embeddings.
+        norm_eval (bool): keep the BatchNorm layers in eval mode while training (running
+            statistics used and frozen), e.g. for small per-GPU batches or multi-process
+            CPU training, where SyncBN is not available.
         frozen_stages (int): freeze (no grad, eval mode) the first ``frozen_stages``
             stages: patch embedding, position embedding and blocks; -1 freezes nothing.
         with_cp (bool): activation checkpointing of every block.
@@ -269,6 +273,7 @@ class SOFT(BaseModule):
                  drop_rate=0.,
                  drop_path_rate=0.1,
                  norm_cfg=dict(type='BN'),
+                 norm_eval=False,
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
@@ -314,6 +319,7 @@ class SOFT(BaseModule):
             raise ValueError("out_type='cls_token' needs with_cls_token=True and stage 3 "
                              'in out_indices')
         self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
         self.with_cp = with_cp
         self.with_cls_token = with_cls_token
         self.out_type = out_type
@@ -408,6 +414,8 @@ class SOFT(BaseModule):
     def train(self, mode=True):
         super().train(mode)
         self._freeze_stages()
+        if mode and self.norm_eval:
+            eval_batch_norms(self)
         return self
 
     # -- forward ------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from mmengine.model.weight_init import trunc_normal_
 
 from ..attention import sima_attention
 from ...registry import register_model
-from ..utils import DropPath, build_norm, check_depths, check_input, load_pretrained
+from ..utils import (DropPath, build_norm, check_depths, check_input, eval_batch_norms,
+                     load_pretrained)
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
@@ -173,6 +174,9 @@ class XCiTSimA(BaseModule):
         drop_path_rate (float): stochastic depth, the same rate in every block (as XCiT).
         norm_cfg (dict): BatchNorm of the patch embedding, the LPI and the stride-4 branch
             (``SyncBN`` in multi-GPU configs; ``BN`` on CPU).
+        norm_eval (bool): keep the BatchNorm layers in eval mode while training (running
+            statistics used and frozen), e.g. for small per-GPU batches or multi-process
+            CPU training, where SyncBN is not available.
         frozen_stages (int): freeze the patch embedding and the first ``frozen_stages``
             blocks (``0``: the patch embedding only); -1 freezes nothing.
         with_cp (bool): activation checkpointing of every block.
@@ -198,6 +202,7 @@ class XCiTSimA(BaseModule):
                  with_pyramid=True,
                  drop_path_rate=0.1,
                  norm_cfg=dict(type='BN'),
+                 norm_eval=False,
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
@@ -234,6 +239,7 @@ class XCiTSimA(BaseModule):
         self.min_input_size = patch_size * (32 // patch_size - 1) + 1
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
         self.with_cp = with_cp
 
         self.patch_embed = ConvPatchEmbed(in_channels, C, patch_size, norm_cfg)
@@ -298,6 +304,8 @@ class XCiTSimA(BaseModule):
     def train(self, mode=True):
         super().train(mode)
         self._freeze_stages()
+        if mode and self.norm_eval:
+            eval_batch_norms(self)
         return self
 
     def forward(self, x):
