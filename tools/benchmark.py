@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import os.path as osp
-import resource
 import subprocess
 import sys
 import time
@@ -282,16 +281,38 @@ def child(name, mode, size, device, repeat):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with torch.no_grad():  # a small warm-up so that library start-up is not counted
             model(torch.randn(1, 3, 64, 64, device=device))
-        base = max(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        _reset_peak_rss()
+        base = _proc_status_bytes('VmRSS')
     t = measure(model, hw, device, repeat, official=official)
     if device == 'cuda':
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        peak = _proc_status_bytes('VmHWM') - base
     return dict(time=t, peak_mb=peak / 2**20)
+
+
+def _proc_status_bytes(key):
+    """VmRSS / VmHWM (peak resident set) of this process, from /proc (Linux).
+
+    Not ``resource.getrusage().ru_maxrss``: a child process inherits its parent's peak
+    there, so every child of a large benchmark process would report the parent's.
+    """
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f'{key} not in /proc/self/status')
+
+
+def _reset_peak_rss():
+    """Set VmHWM to the current resident set (Linux ≥ 4.0: write 5 to clear_refs)."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError:
+        pass  # VmHWM then also counts the warm-up, which is small
 
 
 def section_scaling(args, out):
@@ -369,7 +390,7 @@ def section_pinv(args, out):
     lines = ['| m | batch | iterative | spectral (eigh) | iterative / spectral |',
              '|---|---|---|---|---|']
     rows = {}
-    for m in (16, 49, 64, 100, 128, 196, 400, 1025):
+    for m in args.pinv_sizes:
         x = torch.randn(20, m, 32, device=args.device) * 0.3
         A = gaussian_kernel(x, x)
         t = {}
@@ -402,6 +423,9 @@ def main(argv=None):
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
     parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--pinv-sizes', nargs='+', type=int,
+                        default=[16, 49, 64, 100, 128, 196, 400, 1025],
+                        help='landmark counts m of the pinv section')
     parser.add_argument('--skip-official', action='store_true',
                         help='skip the (slow) official computation order')
     parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,

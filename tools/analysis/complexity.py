@@ -82,8 +82,9 @@ def count(model, inputs):
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
-    total = analyzer.total()
-    by_module = analyzer.by_module()
+    with torch.no_grad():  # the trace runs a forward: keep autograd from holding every P
+        total = analyzer.total()
+        by_module = analyzer.by_module()
     ours = total
     for name, macs in recorder.records.items():
         # keep the module's convolutions (landmark conv, depthwise conv on V) as counted

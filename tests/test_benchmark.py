@@ -1,0 +1,50 @@
+"""tools/benchmark.py runs its sections at small sizes and reports sane numbers."""
+import json
+import math
+import os.path as osp
+import sys
+
+import pytest
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def test_benchmark_sections(tmp_path, capsys):
+    from tools import benchmark
+    out = tmp_path / 'b.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'pinv,speed,train,modes', '--sizes',
+                    '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes', '16', '130',
+                    '--json', str(out)])
+    res = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert '| backbone | 64x64 |' in printed and '| mode | what |' in printed
+    assert set(res['pinv']) == {'16', '130'}
+    for row in res['speed'].values():
+        assert row['64x64'] > 0
+    assert {'SOFT-S', 'Swin-T', 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)'} <= set(
+        res['speed'])
+    assert all(r['64x64'] > 0 for r in res['train'].values())
+    modes = res['modes']
+    assert 'official order' not in modes  # --skip-official
+    for exact in ('iterative', 'spectral', 'auto'):  # the 20-step iterate, any method
+        assert max(modes[exact]['deviation']) < 1e-5, (exact, modes[exact])
+    # fast modes change the answer, by the documented orders of magnitude
+    assert 0 < max(modes['regularized']['deviation']) < 0.05
+    assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
+
+
+@pytest.mark.slow
+def test_benchmark_scaling_plot(tmp_path):
+    from tools import benchmark
+    plot, out = tmp_path / 'scaling.png', tmp_path / 's.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'scaling', '--sweep', '64x64',
+                    '128x128', '--repeat', '0', '--softmax-max-pixels', '0', '--plot',
+                    str(plot), '--json', str(out)])
+    res = json.loads(out.read_text())['scaling']
+    assert plot.exists() and plot.stat().st_size > 10000
+    soft = res['SOFT-S [auto]']
+    assert all(soft[s]['time'] > 0 and soft[s]['peak_mb'] > 0 for s in ('64x64', '128x128'))
+    assert soft['128x128']['peak_mb'] > soft['64x64']['peak_mb']
+    assert math.isfinite(soft['exponent'])
+    assert res['PVT-S softmax (no SR)']['64x64'] is None  # above --softmax-max-pixels
