@@ -39,12 +39,12 @@ def test_benchmark_scaling_plot(tmp_path):
     from tools import benchmark
     plot, out = tmp_path / 'scaling.png', tmp_path / 's.json'
     benchmark.main(['--device', 'cpu', '--sections', 'scaling', '--sweep', '64x64',
-                    '128x128', '--repeat', '0', '--softmax-max-pixels', '0', '--plot',
-                    str(plot), '--json', str(out)])
+                    '128x128', '--repeat', '0', '--series', '2', '--plot', str(plot),
+                    '--json', str(out)])
     res = json.loads(out.read_text())['scaling']
     assert plot.exists() and plot.stat().st_size > 10000
     soft = res['SOFT-S [auto]']
     assert all(soft[s]['time'] > 0 and soft[s]['peak_mb'] > 0 for s in ('64x64', '128x128'))
     assert soft['128x128']['peak_mb'] > soft['64x64']['peak_mb']
     assert math.isfinite(soft['exponent'])
-    assert res['PVT-S softmax (no SR)']['64x64'] is None  # above --softmax-max-pixels
+    assert set(res) == {'SOFT-S [auto]', 'SOFT-S [grid16]'}  # --series 2

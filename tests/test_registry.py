@@ -41,13 +41,13 @@ def test_import_twice_and_reload():
 
 
 def test_foreign_class_with_same_name_is_refused():
-    from mmsoft.registry import MODELS, _register
+    from mmsoft.registry import MODELS, register_in
 
     class SOFT(torch.nn.Module):  # noqa: N801 - a different project's class
         pass
 
     with pytest.raises(KeyError, match='already registered'):
-        _register(MODELS, SOFT)
+        register_in(MODELS, SOFT)
 
 
 def test_cpu_ddp_wrapper_resolves_from_codebases_and_checks_launcher():

@@ -318,6 +318,8 @@ def _reset_peak_rss():
 def section_scaling(args, out):
     series = [('SOFT-S', 'auto'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
               ('PVT-S softmax (no SR)', None), ('Swin-T', None)]
+    if args.series:
+        series = series[:args.series]
     results = {}
     for name, mode in series:
         label = name + (f' [{mode}]' if mode else '')
@@ -430,6 +432,9 @@ def main(argv=None):
                         help='skip the (slow) official computation order')
     parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,
                         help='largest input (H·W) for the vanilla softmax baseline')
+    parser.add_argument('--series', type=int, metavar='K',
+                        help='scaling: only the first K series (SOFT-S default, SOFT-S '
+                        'grid16, XCiT-SimA, PVT-S softmax, Swin-T)')
     parser.add_argument('--plot', help='write the scaling plot to this PNG')
     parser.add_argument('--json', help='write all numbers to this JSON file')
     args = parser.parse_args(argv)
