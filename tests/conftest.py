@@ -1,4 +1,6 @@
+import os
 import os.path as osp
+import subprocess
 
 import pytest
 import torch
@@ -13,6 +15,24 @@ def data_path(name):
 def rel_err(a, b):
     """max|a - b| / max|b| (SPEC section 4)."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def run(cmd, cwd, env=None):
+    """Run a command as a user would; on failure show the tail of its output."""
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {})))
+    if res.returncode != 0:
+        raise AssertionError(f'{" ".join(map(str, cmd))} failed:\n{res.stdout[-4000:]}\n'
+                             f'{res.stderr[-4000:]}')
+    return res.stdout + res.stderr
+
+
+def untrained_checkpoint(cfg_path, path):
+    """The config's model after init_weights(), saved as an mmengine checkpoint."""
+    from mmsoft.analysis import build_model_from_config
+    model = build_model_from_config(cfg_path)
+    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+    return str(path)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ import json
 import os
 import os.path as osp
 import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 
 import mmsoft  # noqa: F401
+from conftest import run, untrained_checkpoint
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
@@ -95,24 +95,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(cmd, cwd, env=None):
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                         env=dict(os.environ, **(env or {})))
-    if res.returncode != 0:
-        raise AssertionError(f'{" ".join(map(str, cmd))} failed:\n{res.stdout[-4000:]}\n'
-                             f'{res.stderr[-4000:]}')
-    return res.stdout + res.stderr
-
-
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
-    from mmsoft.analysis import build_model_from_config
     d = tmp_path_factory.mktemp('dist')
     make_same_box_set(str(d / 'data'))
-    init = str(d / 'init.pth')
-    model = build_model_from_config(MINI_CFG)
-    torch.save({'state_dict': model.state_dict(), 'meta': {}}, init)
-    return d, init
+    return d, untrained_checkpoint(MINI_CFG, d / 'init.pth')
 
 
 def weights(path):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mmsoft  # noqa: F401  (what the checkpoints need to load with weights_only)
+from conftest import run, untrained_checkpoint
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
@@ -29,15 +30,6 @@ def workdir(tmp_path_factory):
     return d
 
 
-def run(cmd, cwd, env=None):
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                         env=dict(os.environ, **(env or {})))
-    if res.returncode != 0:
-        raise AssertionError(f'{" ".join(map(str, cmd))} failed:\n{res.stdout[-4000:]}\n'
-                             f'{res.stderr[-4000:]}')
-    return res.stdout + res.stderr
-
-
 def metric(log, name):
     if 'results of the whole dataset is empty' in log:
         return 0.0  # mmdet's CocoMetric: no detection at all (an untrained model)
@@ -50,14 +42,6 @@ def tool_metric(cfg, ckpt, workdir, out_dir, name):
     """Run tools/test.py on a checkpoint and return one metric from its output."""
     return metric(run([PY, osp.join(ROOT, 'tools/test.py'), cfg, str(ckpt), '--work-dir',
                        str(out_dir)], workdir), name)
-
-
-def untrained_checkpoint(cfg_path, path):
-    """The config's model after init_weights(), saved as an mmengine checkpoint."""
-    from mmsoft.analysis import build_model_from_config
-    model = build_model_from_config(cfg_path)
-    torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
-    return str(path)
 
 
 def test_retinanet_train_resume_test(workdir):

@@ -342,7 +342,7 @@ def sima_attention(q, k, v, order='auto'):
     if order not in ('auto', 'qk_first', 'kv_first'):
         raise ValueError(f"order must be 'auto', 'qk_first' or 'kv_first', got {order!r}")
     with torch.autocast(device_type=_device_type(q), enabled=False):
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = _float_dtype(q)
         q = F.normalize(q.to(dtype), p=1, dim=-2)
         k = F.normalize(k.to(dtype), p=1, dim=-2)
         v = v.to(dtype)
