@@ -43,3 +43,4 @@ def _seed():
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: end-to-end tests that train a model (minutes)')
+    config.addinivalue_line('markers', 'cuda: needs a CUDA GPU (skipped without one)')

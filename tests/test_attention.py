@@ -2,9 +2,12 @@
 import pytest
 import torch
 
-from mmsoft.models.attention import (gaussian_kernel, newton_alpha, newton_pinv,
-                                     newton_pinv_error, normalize_inverse,
-                                     regularized_apply, sima_attention, soft_attention)
+from mmsoft.models import attention
+from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
+                                     newton_pinv, newton_pinv_apply, newton_pinv_error,
+                                     normalize_inverse, regularized_apply,
+                                     resolve_pinv_method, round_tf32, sima_attention,
+                                     soft_attention)
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
@@ -78,9 +81,13 @@ def test_gaussian_kernel_gradient():
     assert torch.allclose(gaussian_kernel(a, b), ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize('method', ['iterative', 'spectral'])
-def test_soft_attention_gradients_equal_the_explicit_inverse(method):
-    """A⁺ applied without forming it: same values and Eq. 16 gradients as forming it."""
+@pytest.mark.parametrize('method', ['iterative', 'spectral', 'tf32'])
+@pytest.mark.parametrize('chunk', [None, 2 * 3 * 12 * 7])
+def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, monkeypatch):
+    """A⁺ applied without forming it and P recomputed in backward (in one chunk or in
+    row chunks): same values and Eq. 16 gradients as forming both and keeping P."""
+    if chunk:
+        monkeypatch.setattr(attention.soft, 'KERNEL_CHUNK_ELEMENTS', chunk)
     q = (torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5).requires_grad_()
     v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
@@ -193,3 +200,78 @@ def test_bad_arguments_raise():
         newton_pinv(torch.eye(3), method='cholesky')
     with pytest.raises(ValueError, match='order'):
         sima_attention(*(torch.randn(1, 4, 2) for _ in range(3)), order='random')
+
+
+@pytest.mark.parametrize('transpose', [False, True])
+def test_kernel_matmul_gradcheck(transpose, monkeypatch):
+    """κ(q, l)·w and κ(q, l)ᵀ·w with P recomputed chunk by chunk in backward."""
+    monkeypatch.setattr(attention.soft, 'KERNEL_CHUNK_ELEMENTS', 2 * 3 * 7 * 4)  # 6 chunks
+    q = (torch.randn(2, 3, 23, 5, dtype=torch.float64) * 0.5).requires_grad_()
+    lm = (torch.randn(2, 3, 7, 5, dtype=torch.float64) * 0.5).requires_grad_()
+    w = torch.randn(2, 3, 23 if transpose else 7, 4, dtype=torch.float64,
+                    requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: kernel_matmul(a, b, c, transpose=transpose), (q, lm, w))
+    P = torch.exp(-torch.cdist(q, lm).pow(2) / 2)
+    ref = P.mT @ w if transpose else P @ w
+    assert torch.allclose(kernel_matmul(q, lm, w, transpose), ref, rtol=1e-12, atol=1e-13)
+
+
+def test_training_does_not_keep_the_kernel():
+    """No N×m tensor is saved for backward: P is recomputed (memory-lean training)."""
+    N, m, d = 400, 25, 8
+    q = (torch.randn(2, 2, N, d) * 0.5).requires_grad_()
+    lm = (torch.randn(2, 2, m, d) * 0.5).requires_grad_()
+    v = torch.randn(2, 2, N, d, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = soft_attention(q, lm, v)
+    assert saved and max(saved) <= 2 * 2 * N * d < 2 * 2 * N * m, saved
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, lm, v))
+
+
+@pytest.mark.parametrize('method', ['iterative', 'tf32'])
+def test_applied_iterate_equals_the_formed_iterate(method):
+    """Without gradients the iterate is applied to the thin Z (T products, X_k = A·V_k
+    squared): the same 20-step iterate as forming Y, in float64 to rounding."""
+    A = gaussian_kernel_matrix(60, batch=(2, 3), scale=0.3)
+    Z = torch.randn(2, 3, 60, 16, dtype=torch.float64)
+    with torch.no_grad():
+        applied = newton_pinv_apply(A, Z, method=method, nonnegative=True)
+    formed = newton_pinv(A, method='iterative') @ Z
+    assert ((applied - formed).abs().max() / formed.abs().max()) < 1e-11
+    for iters in (0, 1, 7):  # any number of steps, the first one included
+        with torch.no_grad():
+            applied = newton_pinv_apply(A, Z, iters=iters, method=method)
+        formed = newton_pinv(A, iters=iters, method='iterative') @ Z
+        assert ((applied - formed).abs().max() / formed.abs().max()) < 1e-11, iters
+
+
+def test_auto_chooses_per_device():
+    """'auto' follows the measured per-device table: eigh on CPU above 128 landmarks, the
+    iterations on CUDA (cuSOLVER's eigh was slower there for every m >= 49)."""
+    assert resolve_pinv_method('auto', 128, 'cpu') == 'iterative'
+    assert resolve_pinv_method('auto', 129, 'cpu') == 'spectral'
+    assert resolve_pinv_method('auto', 49, 'cuda') == 'iterative'
+    assert resolve_pinv_method('auto', 1050, 'cuda') == 'iterative'
+    assert resolve_pinv_method('auto', 1050, 'mps') == 'iterative'  # no eigh there
+    assert resolve_pinv_method('spectral', 16, 'cuda') == 'spectral'
+
+
+def test_round_tf32_keeps_ten_mantissa_bits():
+    x = torch.randn(10000) * 100
+    r = round_tf32(x)
+    assert torch.equal(round_tf32(r), r)  # already TF32: unchanged
+    assert (r.view(torch.int32) & 0x1FFF == 0).all()  # low 13 mantissa bits cleared
+    rel = ((r - x).abs() / x.abs())
+    assert rel.max() <= 2**-11 and rel.max() > 2**-12  # round to nearest, not truncation
+    one = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11])  # ties go to the even neighbour
+    assert round_tf32(one).tolist() == [1.0, 1 + 2**-9]
+    with pytest.raises(TypeError):
+        round_tf32(x.double())

@@ -27,8 +27,12 @@ def test_benchmark_sections(tmp_path, capsys):
     assert all(r['64x64'] > 0 for r in res['train'].values())
     modes = res['modes']
     assert 'official order' not in modes  # --skip-official
-    for exact in ('iterative', 'spectral', 'auto'):  # the 20-step iterate, any method
+    # The 20-step iterate, any method, against the float64 iterate and the official outputs
+    for exact in ('iterative', 'spectral', 'auto', 'tf32'):
         assert max(modes[exact]['deviation']) < 1e-5, (exact, modes[exact])
+        assert modes[exact]['official'] < 1e-5, (exact, modes[exact])
+    assert modes['tf32']['time'] is None  # only emulated on CPU: not timed
+    assert '| tf32 |' in printed and '– (emulated)' in printed
     # fast modes change the answer, by the documented orders of magnitude
     assert 0 < max(modes['regularized']['deviation']) < 0.05
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0

@@ -2,14 +2,19 @@
 ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 
 Sections (``--sections``, default all):
-  pinv     the batched 20-step pseudo-inverse alone: matrix iterations vs eigh, by m
+  pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
+           formed, as training needs), the iterate applied to a thin matrix (inference),
+           eigh, and on CUDA the TF32 schedule
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
-           Swin-T: a training step without the optimizer
-  modes    SOFT attention modes: time and deviation from the 20-iteration reference on the
-           parity fixture input and on a real photo (scikit-image's astronaut)
-  memory   peak memory of one forward at the largest --sizes entry (a process per model):
-           SOFT-S modes, the official computation order and Swin-T
+           Swin-T at ``--train-batch`` images (2 by default, as a detector trains per
+           GPU): a training step without the optimizer
+  modes    SOFT attention modes: time, and deviation from the float64 20-step iterate on
+           the parity fixture input and on a real photo (scikit-image's astronaut) and
+           from the outputs the official code produced for the fixture
+  memory   peak memory at the largest --sizes entry (a process per model and step): one
+           forward at batch 1 and one training step at ``--train-batch`` images, for
+           SOFT-S modes, the official computation order (forward only) and Swin-T
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -61,7 +66,9 @@ SOFT_MODES = {
     'official order': (dict(pinv_method='iterative'), 'reference algorithm, official cost'),
     'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
     'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
-    'auto': (dict(pinv_method='auto'), 'default: spectral when m > 128, else iterative'),
+    'tf32': (dict(pinv_method='tf32'),
+             'same iterate, TF32 products for 15 steps + 5 float32 steps (emulated off CUDA)'),
+    'auto': (dict(pinv_method='auto'), 'default: per device and m (PINV_AUTO)'),
     'regularized': (dict(pinv_method='regularized'),
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
     'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
@@ -106,11 +113,11 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
-def measure(model, size, device, repeat, train=False, official=False):
-    """Median seconds of forward (or forward+backward) at batch 1."""
+def measure(model, size, device, repeat, train=False, official=False, batch=1):
+    """Median seconds of forward (or forward+backward) of a batch."""
     model = model.to(device)
     model.train(train)
-    x = torch.randn(1, 3, *size, device=device, requires_grad=False)
+    x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
     ctx = _OfficialOrder() if official else _Null()
     with ctx:
@@ -150,7 +157,15 @@ def parse_size(s):
 
 
 def fmt(s):
+    if s < 1:
+        return f'{s * 1e3:.1f} ms'
     return f'{s:.3f} s' if s < 100 else f'{s:.0f} s'
+
+
+def _faster(t_other, t_ours):
+    """'2.5× faster than' / '3.7× slower than': a ratio below one reads as slower."""
+    r = t_other / t_ours
+    return f'{r:.1f}× faster than' if r >= 1 else f'{1 / r:.1f}× slower than'
 
 
 # ----------------------------------------------------------------------------- sections
@@ -178,9 +193,9 @@ def section_speed(args, out):
     if 'SOFT-S official order' in rows:
         lines.append('')
         for s in args.sizes:
-            speedup = rows['SOFT-S official order'][s] / rows['SOFT-S'][s]
-            lines.append(f'SOFT-S (default mode) is {speedup:.1f}× faster than the official '
-                         f'computation order at {s}.')
+            lines.append(f'SOFT-S (default mode) is '
+                         f'{_faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
+                         f'the official computation order at {s}.')
     for s in args.sizes:
         ratio = rows['XCiT-SimA-S12/16 trunk'][s] / rows['XCiT-S12/16 (mmpretrain)'][s]
         lines.append(f'XCiT-SimA-S12/16 trunk / MMPretrain XCiT-S12/16 at {s}: {ratio:.2f} '
@@ -189,19 +204,28 @@ def section_speed(args, out):
     return lines
 
 
+def _soft_modes(args, modes):
+    """The SOFT modes worth timing on this device ('tf32' is only emulated off CUDA)."""
+    return [m for m in modes if m != 'tf32' or args.device == 'cuda']
+
+
 def section_train(args, out):
     rows = {}
+    b = args.train_batch
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in ('auto', 'regularized', 'grid16'):
+        for mode in _soft_modes(args, ('auto', 'tf32', 'regularized', 'grid16')):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
-                build('SOFT-S', mode), hw, args.device, args.repeat, train=True)
+                build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
-                                                      args.repeat, train=True)
-    lines = ['| forward+backward (train mode) | ' + ' | '.join(args.sizes) + ' |',
-             '|---|' + '---|' * len(args.sizes)]
+                                                      args.repeat, train=True, batch=b)
+    lines = [f'| forward+backward, batch {b} (train mode) | ' + ' | '.join(args.sizes) +
+             ' | ' + ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
+             '|---|' + '---|' * (2 * len(args.sizes))]
     for name, r in rows.items():
-        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' |')
+        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' | ' +
+                     ' | '.join(f'{r[s] / rows["Swin-T"][s]:.2f}×' for s in args.sizes) +
+                     ' |')
     out['train'] = rows
     return lines
 
@@ -210,69 +234,84 @@ def _rel(a, b):
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
-def section_modes(args, out):
+def _fixture_soft(**kwargs):
+    """The parity fixture's SOFT (official weights, random) in eval mode."""
     from mmsoft.models import SOFT
     fixture = osp.join(ROOT, 'tests', 'data', 'soft_public_checkpoint.pth')
-    expected = torch.load(osp.join(ROOT, 'tests', 'data', 'soft_public_expected.pth'))
     arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
+    model = SOFT(arch=arch, drop_path_rate=0., init_cfg=dict(type='Pretrained',
+                                                               checkpoint=fixture), **kwargs)
+    model.init_weights()
+    return model.eval()
+
+
+def section_modes(args, out):
+    """Each mode's deviation from the float64 20-step iterate (the exact answer) and,
+    on the fixture input, from the outputs the official code produced."""
+    expected = torch.load(osp.join(ROOT, 'tests', 'data', 'soft_public_expected.pth'))
+    official = [expected[f'stage{i}'] for i in range(1, 5)]
+    inputs = {'fixture 128×160': expected['input']}
     try:
         from skimage import data as skdata
         photo = torch.from_numpy(skdata.astronaut()).permute(2, 0, 1).float()[None]
         photo = (photo - photo.mean()) / photo.std()
-        photo = torch.nn.functional.interpolate(photo, size=(800, 800), mode='bilinear')
+        inputs['astronaut 800×800'] = torch.nn.functional.interpolate(
+            photo, size=(800, 800), mode='bilinear')
     except ImportError:
-        photo = None
-    inputs = {'fixture 128×160': expected['input']}
-    if photo is not None:
-        inputs['astronaut 800×800'] = photo
-    refs = {}
-    model_ref = SOFT(arch=arch, drop_path_rate=0., pinv_method='iterative',
-                     init_cfg=dict(type='Pretrained', checkpoint=fixture))
-    model_ref.init_weights()
-    model_ref.eval()
+        pass
+    # The float64 iterate (eigh and the iterations agree to ~1e-12 in float64; eigh is
+    # far cheaper at the photo's m ≈ 1000).
+    model_ref = _fixture_soft(pinv_method='spectral').double()
     with torch.no_grad():
-        for k, x in inputs.items():
-            refs[k] = model_ref(x)
+        refs = {k: model_ref(x.double()) for k, x in inputs.items()}
     hw = parse_size(args.sizes[-1])
     lines = [f'| mode | what | SOFT-S time @{args.sizes[-1]} | ' +
-             ' | '.join(f'max rel. deviation, {k}' for k in inputs) + ' |',
-             '|---|---|---|' + '---|' * len(inputs)]
+             ' | '.join(f'max rel. deviation from the float64 iterate, {k}'
+                        for k in inputs) + ' | vs official outputs, fixture |',
+             '|---|---|---|' + '---|' * (len(inputs) + 1)]
     rows = {}
     for mode, (kwargs, what) in SOFT_MODES.items():
-        official = mode == 'official order'
-        if official and args.skip_official:
+        is_official = mode == 'official order'
+        if is_official and args.skip_official:
             continue
-        model = SOFT(arch=arch, drop_path_rate=0., init_cfg=dict(
-            type='Pretrained', checkpoint=fixture), **kwargs)
-        model.init_weights()
-        model.eval()
+        model = _fixture_soft(**kwargs)
         devs = []
-        with torch.no_grad(), (_OfficialOrder() if official else _Null()):
+        with torch.no_grad(), (_OfficialOrder() if is_official else _Null()):
             for k, x in inputs.items():
-                devs.append(max(_rel(o, r) for o, r in zip(model(x), refs[k])))
-        t = measure(build('SOFT-S', mode), hw, args.device,
-                    0 if official else args.repeat, official=official)
-        rows[mode] = dict(time=t, deviation=devs)
-        lines.append(f'| {mode} | {what} | {fmt(t)} | ' +
-                     ' | '.join(f'{d:.1e}' for d in devs) + ' |')
+                outs = model(x)
+                devs.append(max(_rel(o, r) for o, r in zip(outs, refs[k])))
+                if k.startswith('fixture'):
+                    dev_official = max(_rel(o, r) for o, r in zip(outs, official))
+        t = None
+        if mode in _soft_modes(args, [mode]):
+            t = measure(build('SOFT-S', mode), hw, args.device,
+                        0 if is_official else args.repeat, official=is_official)
+        rows[mode] = dict(time=t, deviation=devs, official=dev_official)
+        lines.append(f'| {mode} | {what} | {fmt(t) if t else "– (emulated)"} | ' +
+                     ' | '.join(f'{d:.1e}' for d in devs) + f' | {dev_official:.1e} |')
         print(f'  mode {mode} done', flush=True)
     out['modes'] = rows
     return lines
 
 
-def _child_measure(name, mode, size, device, repeat):
-    """Run one measurement in a fresh process: time and peak memory of the forward."""
+def _child_measure(name, mode, size, device, repeat, train=False, batch=1):
+    """Run one measurement in a fresh process: time and peak memory of the step.
+
+    A crashed child (out of memory, say) is reported with the end of its stderr and
+    returns None, so a table shows 'failed' rather than a silent gap."""
     code = ('import json,sys;sys.path.insert(0,%r);import tools.benchmark as b;'
-            'print(json.dumps(b.child(%r,%r,%r,%r,%d)))' % (ROOT, name, mode, size, device,
-                                                            repeat))
+            'print(json.dumps(b.child(%r,%r,%r,%r,%d,%r,%d)))' % (
+                ROOT, name, mode, size, device, repeat, train, batch))
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          cwd=ROOT)
     if res.returncode != 0:
+        print(f'  {name} [{mode}] at {size} failed (exit {res.returncode}):\n'
+              + res.stderr[-2000:], flush=True)
         return None
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def child(name, mode, size, device, repeat):
+def child(name, mode, size, device, repeat, train=False, batch=1):
     official = mode == 'official order'
     model = build(name, mode).to(device)
     model.train(False)  # some mmdet backbones' train() returns None: no chaining
@@ -285,7 +324,7 @@ def child(name, mode, size, device, repeat):
             model(torch.randn(1, 3, 64, 64, device=device))
         _reset_peak_rss()
         base = _proc_status_bytes('VmRSS')
-    t = measure(model, hw, device, repeat, official=official)
+    t = measure(model, hw, device, repeat, train=train, official=official, batch=batch)
     if device == 'cuda':
         peak = torch.cuda.max_memory_allocated() - base
     else:
@@ -365,49 +404,80 @@ def section_scaling(args, out):
 
 
 def section_memory(args, out):
-    """Peak memory of one forward at the largest ``--sizes`` entry, each in its own process."""
-    size = args.sizes[-1]
-    series = [('SOFT-S', 'auto'), ('SOFT-S', 'regularized'), ('SOFT-S', 'grid16'),
-              ('Swin-T', 'auto')]
+    """Peak memory at the largest ``--sizes`` entry, each model and step in its own
+    process: a forward at batch 1 and a training step at ``--train-batch`` images."""
+    size, b = args.sizes[-1], args.train_batch
+    series = [('SOFT-S', m) for m in _soft_modes(args, ('auto', 'tf32', 'regularized',
+                                                        'grid16'))] + [('Swin-T', 'auto')]
     if not args.skip_official:
         series.insert(1, ('SOFT-S', 'official order'))
-    lines = [f'| backbone @{size} | forward time | peak memory above the loaded model |',
-             '|---|---|---|']
+    lines = [f'| backbone @{size} | forward, batch 1 | peak memory | forward+backward, '
+             f'batch {b} | peak memory | training peak vs Swin-T |',
+             '|---|---|---|---|---|---|']
     rows = {}
     for name, mode in series:
         label = name + (f' [{mode}]' if name == 'SOFT-S' else '')
-        r = _child_measure(name, mode, size, args.device,
-                           0 if mode == 'official order' else args.repeat)
-        rows[label] = r
-        cells = f'{fmt(r["time"])} | {r["peak_mb"]:.0f} MB' if r else 'failed | –'
-        lines.append(f'| {label} | {cells} |')
+        repeat = 0 if mode == 'official order' else args.repeat
+        fwd = _child_measure(name, mode, size, args.device, repeat)
+        trn = None
+        if mode != 'official order':  # a re-implementation for timing, no training
+            trn = _child_measure(name, mode, size, args.device, repeat, train=True,
+                                 batch=b)
+        rows[label] = dict(forward=fwd, train=trn)
         print(f'  measured {label}', flush=True)
+    swin = (rows['Swin-T']['train'] or {}).get('peak_mb')
+    for label, r in rows.items():
+        cells = []
+        for step in ('forward', 'train'):
+            m = r[step]
+            if m:
+                cells += [fmt(m['time']), f'{m["peak_mb"]:.0f} MB']
+            elif step == 'train' and 'official' in label:
+                cells += ['–', '–']  # not measured
+            else:
+                cells += ['failed', '–']
+        ratio = (f'{r["train"]["peak_mb"] / swin:.2f}×' if r['train'] and swin else '–')
+        lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {ratio} |')
     out['memory'] = rows
     return lines
 
 
 def section_pinv(args, out):
-    """Batched 20-step pseudo-inverse of Gaussian-kernel matrices: iterations vs eigh."""
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv
-    lines = ['| m | batch | iterative | spectral (eigh) | iterative / spectral |',
-             '|---|---|---|---|---|']
+    """Batched 20-step pseudo-inverse of Gaussian-kernel matrices, by method."""
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
+    cols = {
+        'iterative': lambda A, Z: newton_pinv(A, method='iterative', nonnegative=True),
+        'iterative, applied': lambda A, Z: newton_pinv_apply(A, Z, method='iterative',
+                                                             nonnegative=True),
+        'spectral (eigh)': lambda A, Z: newton_pinv_apply(A, Z, method='spectral',
+                                                          nonnegative=True),
+    }
+    if args.device == 'cuda':  # elsewhere TF32 is only emulated
+        cols['tf32, applied'] = lambda A, Z: newton_pinv_apply(A, Z, method='tf32',
+                                                               nonnegative=True)
+    lines = ['| m | batch | ' + ' | '.join(cols) + ' |', '|---|---|' + '---|' * len(cols)]
     rows = {}
     for m in args.pinv_sizes:
         x = torch.randn(20, m, 32, device=args.device) * 0.3
         A = gaussian_kernel(x, x)
+        Z = torch.randn(20, m, 32, device=args.device)
         t = {}
-        for method in ('iterative', 'spectral'):
-            newton_pinv(A, method=method, nonnegative=True)
-            _sync(args.device)
-            t0 = time.perf_counter()
-            for _ in range(3):
-                newton_pinv(A, method=method, nonnegative=True)
-            _sync(args.device)
-            t[method] = (time.perf_counter() - t0) / 3
+        with torch.no_grad():
+            for name, fn in cols.items():
+                fn(A, Z)
+                _sync(args.device)
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    fn(A, Z)
+                _sync(args.device)
+                t[name] = (time.perf_counter() - t0) / 3
         rows[m] = t
-        lines.append(f'| {m} | 20 | {t["iterative"] * 1e3:.1f} ms | '
-                     f'{t["spectral"] * 1e3:.1f} ms | {t["iterative"] / t["spectral"]:.2f} |')
+        lines.append(f'| {m} | 20 | ' + ' | '.join(f'{v * 1e3:.1f} ms' for v in t.values())
+                     + ' |')
     out['pinv'] = rows
+    lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
+                 "backward); 'applied' multiplies it into a thin 32-column matrix without "
+                 'forming it (T products, inference).')
     return lines
 
 
@@ -425,6 +495,8 @@ def main(argv=None):
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
     parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--train-batch', type=int, default=2,
+                        help='images per training step in the train and memory sections')
     parser.add_argument('--pinv-sizes', nargs='+', type=int,
                         default=[16, 49, 64, 100, 128, 196, 400, 1025],
                         help='landmark counts m of the pinv section')
@@ -442,9 +514,12 @@ def main(argv=None):
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f'unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}')
-    dev = (torch.cuda.get_device_name() if args.device == 'cuda' else
-           f'CPU, {torch.get_num_threads()} threads')
-    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, float32, batch 1')
+    if args.device == 'cuda':
+        dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
+               f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')
+    else:
+        dev = f'CPU, {torch.get_num_threads()} threads'
+    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, float32')
     out = dict(device=dev)
     for name in sections:
         print(f'\n## {name}', flush=True)

@@ -19,15 +19,21 @@ def build_norm(norm_cfg, num_features):
 
 def check_input(x, min_size, family):
     """Reject what would otherwise fail deep inside the network, or silently spread NaN
-    through the Newton–Raphson iterations: wrong rank, too small, non-finite values."""
+    through the Newton–Raphson iterations: wrong rank, too small, non-finite values
+    (the last on CPU only: see below)."""
     if x.dim() != 4:
         raise ValueError(f'{family} expects a (B, C, H, W) batch, got shape '
                          f'{tuple(x.shape)}')
     if min(x.shape[-2:]) < min_size:
         raise ValueError(f'{family} needs inputs of at least {min_size}×{min_size} pixels, '
                          f'got {tuple(x.shape[-2:])}')
-    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-    if not tracing and not bool(torch.isfinite(x).all()):
+    # The finiteness check reads a value back from the device: on a GPU that is a
+    # host-device synchronization in every forward (and a graph break for torch.compile,
+    # illegal inside CUDA-graph capture), so it runs on CPU tensors only.
+    if (x.device.type != 'cpu' or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+            or torch.compiler.is_compiling()):
+        return
+    if not bool(torch.isfinite(x).all()):
         raise ValueError(f'{family} input contains NaN or inf values')
 
 

@@ -218,12 +218,16 @@ class SOFT(BaseModule):
         attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25);
             False is the NeurIPS SOFT (paper Table 10 ablation).
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
-            same result: 'iterative' runs the T matrix iterations, 'spectral' evaluates
-            them through one eigendecomposition (much faster at large m), 'auto' (default)
-            picks by the number of landmarks. 'regularized' is a fast mode that is *not*
-            the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one Cholesky
-            factorization (``mmsoft.models.attention.regularized_apply``; deviation from
-            the reference in the README's benchmark section).
+            same result up to rounding: 'iterative' runs the matrix iterations in float32,
+            'spectral' evaluates them through one eigendecomposition, 'tf32' runs the
+            first T - 5 steps with TF32 tensor-core products (CUDA; emulated elsewhere)
+            and the last 5 in float32, which correct them; 'auto' (default) picks per
+            device and landmark count from measurements
+            (``mmsoft.models.attention.PINV_AUTO``: on CPU spectral above 128
+            landmarks, on CUDA iterative). 'regularized' is a fast mode that is *not*
+            the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one
+            Cholesky factorization (``mmsoft.models.attention.regularized_apply``;
+            deviation from the reference in the README's benchmark section).
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
             (queries are average-pooled before the landmark conv when the r×r windows
             would give more), so cost stays linear in the number of tokens. None (the

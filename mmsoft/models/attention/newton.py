@@ -1,0 +1,396 @@
+"""The Newton–Raphson pseudo-inverse of SOFT's landmark kernel (SPEC 1.1 step 5).
+
+Paper Alg. 2 ("alternative form"): V₀ = αA, V_{k+1} = 2V_k - V_k·A·V_k for T = 20 steps,
+α chosen per matrix; paper Eq. 16 for the backward pass. Every way below computes that
+same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
+
+    'iterative'  the matrix iteration in float32: 2T products of m×m matrices. When only
+                 Y·Z is needed (no gradient), T products: see ``_apply_steps``.
+    'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues.
+    'tf32'       the iteration with TF32 tensor-core products (CUDA) for the first
+                 T - ``TF32_FP32_STEPS`` steps and float32 for the last ones, which
+                 correct the early rounding (Newton's iteration is self-correcting).
+                 Off CUDA the TF32 rounding is emulated (slow; for checking numerics).
+    'auto'       per device type and size, from measurements (``PINV_AUTO``).
+
+'regularized' (``regularized_apply``) is a fast mode that is *not* the iterate.
+Shapes: ... leading batch dimensions, m landmarks.
+"""
+from contextlib import contextmanager
+
+import torch
+
+__all__ = [
+    'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'newton_alpha', 'newton_pinv',
+    'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse', 'regularized_apply',
+    'resolve_pinv_method', 'round_tf32'
+]
+
+# 'regularized' is a fast mode: not the T-step iterate (see ``regularized_apply``).
+PINV_METHODS = ('auto', 'iterative', 'spectral', 'tf32', 'regularized')
+
+# What 'auto' picks, per device type: (largest m, method) pairs tried in order; a device
+# type not listed uses 'iterative'. Measured with tools/benchmark.py --sections pinv:
+# - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products
+#   above m = 128 (m = 1025: 2.40 s vs 14.6 s for a batch of 20; README "Benchmarks").
+# - cuda: NVIDIA H100, torch 2.11 + CUDA 13 (issue #13). cuSOLVER's batched eigh handles
+#   one matrix at a time above 32×32 and was slower than the float32 iterations for every
+#   m ≥ 49 (m = 256: 100 ms vs 3.4 ms; m = 1025, batch 20: 236 ms vs 48 ms).
+#   'tf32' is not the CUDA default: its speed there has not been measured yet.
+PINV_AUTO = {
+    'cpu': ((128, 'iterative'), (None, 'spectral')),
+    'cuda': ((None, 'iterative'), ),
+}
+
+# Float32 steps that end the 'tf32' schedule. Measured on the 84 landmark kernels of
+# SOFT-S on a photo at 800×1344 (H100, issue #13), relative to the float64 iterate:
+# 20 TF32 steps 5.6e-4, 18 TF32 + 2 float32 2.1e-5, 15 TF32 + 5 float32 4.4e-6.
+TF32_FP32_STEPS = 5
+
+
+def _float_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _device_type(t):
+    """The autocast device type of a tensor (autocast knows cpu, cuda, xpu, ...)."""
+    return t.device.type if t.device.type in ('cuda', 'cpu', 'xpu', 'mps') else 'cpu'
+
+
+def resolve_pinv_method(method, m, device_type='cpu', iters=20):
+    """The concrete method ('iterative', 'spectral', 'tf32', 'regularized') to run.
+
+    Args:
+        method (str): one of ``PINV_METHODS``; 'auto' is looked up in ``PINV_AUTO``.
+        m (int): landmarks (the size of A).
+        device_type (str): where A lives ('cpu', 'cuda', ...).
+    """
+    if method not in PINV_METHODS:
+        raise ValueError(f'method must be one of {PINV_METHODS}, got {method!r}')
+    if iters < 0:
+        raise ValueError(f'iters must be >= 0, got {iters}')
+    if method != 'auto':
+        return method
+    for max_m, choice in PINV_AUTO.get(device_type, ((None, 'iterative'), )):
+        if max_m is None or m <= max_m:
+            return choice
+    raise AssertionError(f'PINV_AUTO[{device_type!r}] has no catch-all entry')
+
+
+def newton_alpha(A, max_halvings=10, nonnegative=False):
+    """Initial step α of the Newton–Raphson inverse, chosen per matrix (SPEC 1.1 step 5).
+
+    α = 2 / (max row sum of |A|)², halved while ||I - α·A·A||₁ > 1.01 (at most
+    ``max_halvings`` times). ||·||₁ is the max column sum of absolute values.
+
+    Args:
+        A (Tensor): (..., m, m)
+        max_halvings (int): at most this many halvings.
+        nonnegative (bool): A is symmetric with nonnegative entries (a Gaussian kernel
+            matrix is). Then column j of I - α·A² has the diagonal entry 1 - α·a_j with
+            a_j = Σ_k A_jk² and off-diagonal entries of total size α·(s_j - a_j) with
+            s_j = (A·(A·1))_j, so ||I - α·A²||₁ = max_j |1 - α·a_j| + α·(s_j - a_j) costs
+            O(m²) per α instead of forming A·A (O(m³)), and all candidate α are tested
+            at once (a few launches instead of a loop of small ones).
+    Returns:
+        Tensor: (..., 1, 1) α for every matrix of the batch (not one α for the whole batch,
+        which would make one image's output depend on the others in its batch).
+    """
+    alpha = 2.0 / A.abs().sum(-1).amax(-1).pow(2)  # (...)
+    alpha = alpha[..., None, None]
+    if nonnegative:
+        diag = A.pow(2).sum(-1)[..., None, :]  # a_j, (..., 1, m)
+        off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
+        # Candidates α/2^j, j = 0 … max_halvings - 1, along a new dim: (..., 1, 1, J).
+        halvings = torch.arange(max_halvings, dtype=A.dtype, device=A.device)
+        cand = alpha[..., None] * torch.exp2(-halvings)
+        norms = ((1 - cand * diag[..., None]).abs() + cand * off[..., None]).amax(-2)
+        # The first candidate that meets the bound, else max_halvings halvings: the value
+        # the sequential loop below gives (powers of two: exact).
+        ok = norms <= 1.01  # (..., 1, J)
+        first = torch.where(ok.any(-1, keepdim=True), ok.to(torch.uint8).argmax(-1,
+                            keepdim=True), max_halvings)
+        return alpha * torch.exp2(-first.to(A.dtype))
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    AA = A @ A
+    # A fixed number of steps with torch.where (no data-dependent break): the result is
+    # the same (α stops halving once the bound holds) and the graph stays traceable.
+    for _ in range(max_halvings):
+        norm = (eye - alpha * AA).abs().sum(-2).amax(-1)[..., None, None]
+        alpha = torch.where(norm > 1.01, alpha / 2, alpha)
+    return alpha
+
+
+# ---------------------------------------------------------------------------------------
+# Precision: TF32 products
+# ---------------------------------------------------------------------------------------
+
+
+def round_tf32(x):
+    """float32 values rounded to TF32 (10 mantissa bits, round to nearest, ties to even),
+    still stored as float32: what tensor cores do to the operands of a TF32 product."""
+    if x.dtype != torch.float32:
+        raise TypeError(f'round_tf32 rounds float32 tensors, got {x.dtype}')
+    bits = x.contiguous().view(torch.int32)
+    bias = ((bits >> 13) & 1) + 0x0FFF
+    return ((bits + bias) & -0x2000).view(torch.float32)
+
+
+@contextmanager
+def _cuda_tf32_matmuls():
+    """Let cuBLAS use TF32 for float32 products inside the block (restored after)."""
+    mm = torch.backends.cuda.matmul
+    if hasattr(mm, 'fp32_precision'):  # torch >= 2.9; mixing it with allow_tf32 raises
+        old = mm.fp32_precision
+        if old != 'tf32':
+            mm.fp32_precision = 'tf32'
+        try:
+            yield
+        finally:
+            if old != 'tf32':
+                mm.fp32_precision = old
+    else:
+        old = mm.allow_tf32
+        mm.allow_tf32 = True
+        try:
+            yield
+        finally:
+            mm.allow_tf32 = old
+
+
+def _newton_steps(A, V, steps, tf32=False):
+    """``steps`` steps V ← 2V - V·(A·V) (Alg. 2), in TF32 products if ``tf32``.
+
+    A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
+    """
+    if steps <= 0:
+        return V
+    if not tf32 or A.dtype != torch.float32:  # TF32 rounds float32 operands only
+        for _ in range(steps):
+            V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
+        return V
+    if A.is_cuda:
+        with _cuda_tf32_matmuls():
+            return _newton_steps(A, V, steps)
+    # Emulation: the operands of every product rounded to TF32, float32 accumulation.
+    A = round_tf32(A)
+    for _ in range(steps):
+        AV = A @ round_tf32(V)
+        V = torch.baddbmm(V, round_tf32(V), round_tf32(AV), beta=2, alpha=-1)
+    return V
+
+
+def _apply_steps(A, V, Z, steps):
+    """V_{s+steps}·Z from V_s with one m×m product per step instead of two.
+
+    V_s is a polynomial in A (it commutes with A), so with X_k = A·V_k one step is
+    V_{k+1} = V_k·(2I - X_k) and X_{k+1} = A·V_{k+1} = X_k·(2I - X_k). Hence
+    V_{s+n}·Z = V_s·(2I - X_s)···(2I - X_{s+n-1})·Z: only X is squared (m×m) and the
+    factors are applied to the thin Z (m×n). An error E in V_s is corrected as in the
+    iteration itself: (A⁻¹ + E)(I - A·E) = A⁻¹ - E·A·E.
+
+    A, V: (b, m, m); Z: (b, m, n).
+    """
+    X = A @ V
+    for k in range(steps):
+        Z = torch.baddbmm(Z, X, Z, beta=2, alpha=-1)
+        if k < steps - 1:
+            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
+    return V @ Z
+
+
+def _spectral_filter(lam, alpha, iters):
+    """v_T(λ): what T Newton–Raphson steps from V₀ = αA do to an eigenvalue λ of A.
+
+    Every iterate is a polynomial in A, so on an eigenpair (λ, u) it acts as
+    v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, with v_T(λ) → α·λ·2^T as λ → 0 (SPEC 1.1).
+    """
+    a = alpha.squeeze(-1)
+    x = a * lam * lam  # αλ², (..., m)
+    # (1 - x)^(2^T) = exp(2^T · log|1 - x|) (2^T is even); log1p keeps small x exact.
+    tiny = torch.finfo(lam.dtype).tiny
+    log_base = torch.where(x < 0.5, torch.log1p(-x.clamp(max=0.5)),
+                           torch.log((1 - x).abs().clamp_min(tiny)))
+    one_minus = -torch.expm1(log_base * float(2**iters))  # 1 - (1 - x)^(2^T)
+    nonzero = lam != 0
+    return torch.where(nonzero, one_minus / torch.where(nonzero, lam, torch.ones_like(lam)),
+                       a * lam * float(2**iters))
+
+
+class _NewtonInverse:
+    """The T-step iterate Y of A (..., m, m), kept in whichever form is cheaper to apply.
+
+    'iterative' / 'tf32' keep Y itself; 'spectral' keeps A's eigenvectors U and v_T of its
+    eigenvalues, Y = U·diag(v)·Uᵀ, which is applied to a thin matrix without forming Y.
+    """
+
+    def __init__(self, A, iters, method, nonnegative):
+        alpha = newton_alpha(A, nonnegative=nonnegative)
+        self.method = method
+        if method == 'spectral':
+            lam, self.U = torch.linalg.eigh(A)
+            self.v = _spectral_filter(lam, alpha, iters)
+        else:
+            m = A.shape[-1]
+            A3 = A.reshape(-1, m, m)
+            V = alpha.reshape(-1, 1, 1) * A3
+            low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
+            V = _newton_steps(A3, V, low, tf32=True)
+            self.Y = _newton_steps(A3, V, iters - low).reshape(A.shape)
+
+    def matrix(self):
+        if self.method == 'spectral':
+            return (self.U * self.v.unsqueeze(-2)) @ self.U.transpose(-1, -2)
+        return self.Y
+
+    def apply(self, Z, transpose=False):
+        """Y·Z (or Yᵀ·Z) for Z of shape (..., m, n)."""
+        if self.method == 'spectral':
+            return self.U @ (self.v.unsqueeze(-1) * (self.U.transpose(-1, -2) @ Z))
+        return (self.Y.transpose(-1, -2) if transpose else self.Y) @ Z
+
+
+def _iterate_apply(A, Z, iters, method, nonnegative):
+    """Y·Z without Y (no gradient needed): T + (TF32 steps) products instead of 2T."""
+    alpha = newton_alpha(A, nonnegative=nonnegative)
+    m, n = A.shape[-1], Z.shape[-1]
+    A3 = A.reshape(-1, m, m)
+    V = alpha.reshape(-1, 1, 1) * A3
+    low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
+    V = _newton_steps(A3, V, low, tf32=True)
+    W = _apply_steps(A3, V, Z.reshape(-1, m, n), iters - low)
+    return W.reshape(Z.shape)
+
+
+class _NewtonPinv(torch.autograd.Function):
+    """Y = A⁺ by Newton–Raphson; backward treats Y as an exact inverse (paper Eq. 16)."""
+
+    @staticmethod
+    def forward(ctx, A, iters, method, nonnegative):
+        Y = _NewtonInverse(A, iters, method, nonnegative).matrix()
+        ctx.save_for_backward(Y)
+        return Y
+
+    @staticmethod
+    def backward(ctx, grad_Y):
+        Y, = ctx.saved_tensors
+        Yt = Y.transpose(-1, -2)
+        return -Yt @ grad_Y @ Yt, None, None, None
+
+
+class _NewtonPinvApply(torch.autograd.Function):
+    """W = A⁺·Z without forming A⁺ when the spectral form is used.
+
+    Backward as paper Eq. 16 (A⁺ treated as an exact inverse): with ∇Y = ∇W·Zᵀ,
+    ∇A = -Yᵀ·∇Y·Yᵀ = -(Yᵀ·∇W)·Wᵀ and ∇Z = Yᵀ·∇W, so the same two thin products serve
+    both and the gradient equals that of ``newton_pinv(A) @ Z``.
+    """
+
+    @staticmethod
+    def forward(ctx, A, Z, iters, method, nonnegative):
+        inv = _NewtonInverse(A, iters, method, nonnegative)
+        W = inv.apply(Z)
+        ctx.inv = inv
+        ctx.save_for_backward(W)
+        return W
+
+    @staticmethod
+    def backward(ctx, grad_W):
+        W, = ctx.saved_tensors
+        grad_Z = ctx.inv.apply(grad_W, transpose=True)
+        del ctx.inv
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None
+
+
+def newton_pinv(A, iters=20, method='auto', nonnegative=False):
+    """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
+
+    The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
+    per-matrix α (``newton_alpha``). Gradients follow paper Eq. 16 (∇A = -Yᵀ·∇Y·Yᵀ)
+    rather than back-propagating through the iterations. Always computed in float32 (or
+    float64 if A is float64), also under autocast.
+
+    Args:
+        A (Tensor): (..., m, m)
+        iters (int): number of Newton–Raphson steps T (20 in SOFT).
+        method (str): 'iterative', 'spectral' (A must be symmetric, as the Gaussian kernel
+            of landmarks is), 'tf32' or 'auto' (module docstring). All give the same
+            value up to rounding. ('regularized' exists only for ``soft_attention``.)
+        nonnegative (bool): A is symmetric with nonnegative entries; α is then found in
+            O(m²) (same value, see ``newton_alpha``).
+    Returns:
+        Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
+    """
+    method = resolve_pinv_method(method, A.shape[-1], A.device.type, iters)
+    if method == 'regularized':
+        raise ValueError("method='regularized' never forms the inverse; it is only "
+                         'available in soft_attention')
+    with torch.autocast(device_type=_device_type(A), enabled=False):
+        return _NewtonPinv.apply(A.to(_float_dtype(A)), iters, method, nonnegative)
+
+
+def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
+    """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
+
+    Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. Without a gradient
+    to compute, 'iterative' and 'tf32' apply the iterate to the thin Z with one m×m
+    product per step (``_apply_steps``); 'spectral' never forms A⁺ either way.
+
+    Args:
+        A (Tensor): (..., m, m), float32 or float64.
+        Z (Tensor): (..., m, n), A's dtype.
+        method (str): a method of ``PINV_METHODS`` other than 'auto' or 'regularized'.
+    Returns:
+        Tensor: (..., m, n)
+    """
+    if method in ('auto', 'regularized'):
+        raise ValueError(f'newton_pinv_apply needs a concrete iterate method, got '
+                         f'{method!r} (see resolve_pinv_method)')
+    needs_grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
+    if method != 'spectral' and not needs_grad:
+        return _iterate_apply(A, Z, iters, method, nonnegative)
+    return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative)
+
+
+def regularized_apply(A, Z, iters=20):
+    """Fast mode: (A² + μI)⁻¹·A·Z with μ = 1 / (α·2^T), by one Cholesky factorization.
+
+    T Newton steps filter an eigenvalue λ of A to (1 - (1 - αλ²)^(2^T)) / λ ≈
+    (1 - exp(-λ²/μ)) / λ: the exact inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ. The
+    Tikhonov filter λ / (λ² + μ) has the same two limits, so with this μ it is a close
+    stand-in (it deviates most, by up to ~20 % on that eigen-component, where λ² ≈ μ);
+    ``tools/benchmark.py --sections modes`` reports the resulting output deviation.
+    One m×m product and one Cholesky factorization replace the eigendecomposition;
+    gradients are exact for this filter (autograd through the solve).
+    """
+    alpha = newton_alpha(A.detach(), nonnegative=True)
+    mu = 1.0 / (alpha * float(2**iters))  # (..., 1, 1)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    L = torch.linalg.cholesky(A @ A + mu * eye)
+    return torch.cholesky_solve(A @ Z, L)
+
+
+def newton_pinv_error(A, Y):
+    """The paper's convergence metric ||A·Y·A - A||₂ / ||A||₂ (spectral norms), per matrix.
+
+    Args:
+        A (Tensor): (..., m, m)
+        Y (Tensor): (..., m, m) an approximate pseudo-inverse
+    Returns:
+        Tensor: (...)
+    """
+    num = torch.linalg.matrix_norm(A @ Y @ A - A, ord=2)
+    return num / torch.linalg.matrix_norm(A, ord=2)
+
+
+def normalize_inverse(A, A_pinv):
+    """Attention normalization D^-1/2 · A⁺ · D^-1/2 with D = diag(A·1) (TPAMI Eq. 25).
+
+    Args:
+        A (Tensor): (..., m, m) the landmark kernel
+        A_pinv (Tensor): (..., m, m) its pseudo-inverse
+    Returns:
+        Tensor: (..., m, m)
+    """
+    d_inv_sqrt = A.sum(-1).to(A_pinv.dtype).rsqrt()
+    return d_inv_sqrt.unsqueeze(-1) * A_pinv * d_inv_sqrt.unsqueeze(-2)

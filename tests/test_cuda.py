@@ -1,0 +1,80 @@
+"""SOFT on CUDA: parity of every exact mode, training gradients, memory (``pytest -m cuda``).
+
+Skipped without a GPU (CI has none). TF32 convolutions and matmuls are switched off here:
+PyTorch runs convolutions in TF32 by default on Ampere and later GPUs, which alone moves
+the fixture outputs by ~5e-4–8e-4 from the official float32 outputs, whatever the
+pseudo-inverse does. The 'tf32' pinv mode switches TF32 on for its own products only.
+"""
+import pytest
+import torch
+from conftest import data_path, rel_err
+from test_soft import fixture_model
+
+from mmsoft.models import SOFT
+from mmsoft.models.attention import soft_attention
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU'),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = 'ieee'
+    yield
+    torch.backends.cudnn.allow_tf32 = conv
+    torch.backends.cuda.matmul.fp32_precision = mm
+
+
+@pytest.mark.parametrize('pinv_method', ['auto', 'iterative', 'spectral', 'tf32'])
+def test_parity_on_cuda(pinv_method):
+    expected = torch.load(data_path('soft_public_expected.pth'))
+    model = fixture_model(pinv_method=pinv_method).cuda()
+    with torch.no_grad():
+        outs = model(expected['input'].cuda())
+    for out, name in zip(outs, ['stage1', 'stage2', 'stage3', 'stage4_norm']):
+        assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, pinv_method)
+
+
+def test_training_gradients_on_cuda_equal_cpu():
+    """One training step's gradients on CUDA (memory-lean path) equal the CPU's."""
+    torch.manual_seed(0)
+    model = fixture_model(pinv_method='auto')
+    model.train()
+    x = torch.randn(2, 3, 96, 128)
+    grads = {}
+    for device in ('cpu', 'cuda'):
+        m = model.to(device)
+        m.zero_grad()
+        sum(o.float().pow(2).mean() for o in m(x.to(device))).backward()
+        grads[device] = {k: p.grad.detach().cpu().clone() for k, p in m.named_parameters()
+                         if p.grad is not None}
+    for k, g in grads['cpu'].items():
+        assert rel_err(grads['cuda'][k], g) < 1e-4, k
+
+
+def test_attention_training_memory_is_bounded():
+    """A training step of one stage-1 attention at 800×1344 (2 images × 2 heads) stays
+    far below the N×m kernel it would otherwise keep (1.1 GB here)."""
+    B, h, N, m, d = 2, 2, 200 * 336, 25 * 42, 32
+    q = (torch.randn(B, h, N, d, device='cuda') * 0.3).requires_grad_()
+    lm = (torch.randn(B, h, m, d, device='cuda') * 0.3).requires_grad_()
+    v = torch.randn(B, h, N, d, device='cuda', requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    soft_attention(q, lm, v).sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    kernel_bytes = B * h * N * m * 4
+    assert peak < 0.5 * kernel_bytes, (peak / 2**20, kernel_bytes / 2**20)
+
+
+def test_soft_small_trains_on_cuda():
+    model = SOFT(arch='small').cuda().train()
+    outs = model(torch.randn(2, 3, 256, 320, device='cuda'))
+    sum(o.mean() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
