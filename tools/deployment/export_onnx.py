@@ -25,7 +25,7 @@ def export(model, path, sample_hw=(224, 224), opset=17):
             m.pinv_method = 'iterative'
     x = torch.randn(1, 3, *sample_hw)
     n_out = len(model(x))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')  # tracer warnings about shape arithmetic
         torch.onnx.export(
             model, (x, ), path, opset_version=opset, input_names=['input'],

@@ -101,16 +101,17 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
     if nonnegative:
         diag = A.pow(2).sum(-1)[..., None, :]  # a_j, (..., 1, m)
         off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
-        # Candidates α/2^j, j = 0 … max_halvings - 1, along a new dim: (..., 1, 1, J).
-        halvings = torch.arange(max_halvings, dtype=A.dtype, device=A.device)
-        cand = alpha[..., None] * torch.exp2(-halvings)
+        # Candidates α/2^j, j = 0 … max_halvings, along a new last dim (exact scales).
+        scales = torch.tensor([0.5**j for j in range(max_halvings + 1)], dtype=A.dtype,
+                              device=A.device)
+        cand = alpha[..., None] * scales[:-1]  # (..., 1, 1, J)
         norms = ((1 - cand * diag[..., None]).abs() + cand * off[..., None]).amax(-2)
-        # The first candidate that meets the bound, else max_halvings halvings: the value
-        # the sequential loop below gives (powers of two: exact).
-        ok = norms <= 1.01  # (..., 1, J)
-        first = torch.where(ok.any(-1, keepdim=True), ok.to(torch.uint8).argmax(-1,
-                            keepdim=True), max_halvings)
-        return alpha * torch.exp2(-first.to(A.dtype))
+        # The first candidate that meets the bound, else max_halvings halvings (a True
+        # sentinel): the value of the sequential loop below, in a few launches.
+        ok = torch.cat([norms <= 1.01, torch.ones_like(norms[..., :1], dtype=torch.bool)],
+                       -1)
+        first = ok.to(A.dtype).argmax(-1)  # (..., 1), argmax takes the first maximum
+        return alpha * scales[first].unsqueeze(-1)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     AA = A @ A
     # A fixed number of steps with torch.where (no data-dependent break): the result is

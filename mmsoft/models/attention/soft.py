@@ -139,7 +139,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     with torch.autocast(device_type=device, enabled=False):
         qc, lc, vc = (t if cast is None or t.dtype == torch.float64 else t.to(cast)
                       for t in (q, landmarks, v))
-        lean = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
+        # (A traced graph keeps the plain products: the chunking is Python-side.)
+        lean = (torch.is_grad_enabled() and not torch.jit.is_tracing()
+                and any(t.requires_grad for t in (q, landmarks, v)))
         if lean:
             Z = kernel_matmul(qc, lc, vc, transpose=True)  # (..., m, d)
         else:
