@@ -249,7 +249,7 @@ def section_modes(args, out):
     """Each mode's deviation from the float64 20-step iterate (the exact answer) and,
     on the fixture input, from the outputs the official code produced."""
     expected = torch.load(osp.join(ROOT, 'tests', 'data', 'soft_public_expected.pth'))
-    official = [expected[f'stage{i}'] for i in range(1, 5)]
+    official = [expected[k] for k in ('stage1', 'stage2', 'stage3', 'stage4_norm')]
     inputs = {'fixture 128×160': expected['input']}
     try:
         from skimage import data as skdata
