@@ -26,18 +26,23 @@ def test_xcit_name_does_not_collide_with_mmpretrain():
     assert xcit.__module__.startswith('mmpretrain')
 
 
-def test_import_twice_and_reload():
+def test_import_twice_through_custom_imports():
+    """A config's ``custom_imports`` after a plain ``import mmsoft`` registers nothing twice
+    and builds the package's own class, which runs and returns the four pyramid levels."""
     import mmsoft
-    import mmsoft.models.backbones.soft as soft_mod
-    importlib.reload(soft_mod)
     from mmengine.config import Config
     from mmengine.utils import import_modules_from_strings
     cfg = Config(dict(custom_imports=dict(imports=['mmsoft'], allow_failed_imports=False)))
     import_modules_from_strings(**cfg.custom_imports)
-    importlib.reload(mmsoft)
+    import_modules_from_strings(**cfg.custom_imports)
     from mmdet.registry import MODELS
     init_default_scope('mmdet')
-    assert MODELS.build(dict(type='SOFT', arch='tiny'))(torch.randn(1, 3, 64, 64))
+    model = MODELS.build(dict(type='SOFT', arch='tiny'))
+    assert type(model) is mmsoft.SOFT
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 64, 64))
+    assert [tuple(o.shape) for o in outs] == [
+        (1, c, 64 // s, 64 // s) for c, s in zip(model.embed_dims, (4, 8, 16, 32))]
 
 
 def test_foreign_class_with_same_name_is_refused():
