@@ -1,4 +1,5 @@
 """tools/benchmark.py runs its sections at small sizes and reports sane numbers."""
+import argparse
 import json
 import math
 import os.path as osp
@@ -52,3 +53,26 @@ def test_benchmark_scaling_plot(tmp_path):
     assert soft['128x128']['peak_mb'] > soft['64x64']['peak_mb']
     assert math.isfinite(soft['exponent'])
     assert set(res) == {'SOFT-S [auto]', 'SOFT-S [grid16]'}  # --series 2
+
+
+def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
+    """A crashed measurement reads 'failed' and the exponent says how many sizes it was
+    fitted on; a deliberate skip reads differently."""
+    from tools import benchmark
+    sweep = ['64x64', '128x128', '256x256']
+
+    def fake(name, mode, size, device, repeat, **kw):
+        if size == '128x128':
+            return None  # what _child_measure returns for a crashed child
+        n = benchmark.parse_size(size)[0]
+        return dict(time=n * 1e-3, peak_mb=float(n))
+
+    monkeypatch.setattr(benchmark, '_child_measure', fake)
+    args = argparse.Namespace(
+        series=4, sweep=sweep, device='cpu', repeat=0, softmax_max_pixels=100 * 100,
+        plot=None)
+    lines = benchmark.section_scaling(args, {})
+    soft = next(line for line in lines if line.startswith('| SOFT-S [auto]'))
+    assert '| failed |' in soft and '(fitted on 2 sizes)' in soft
+    pvt = next(line for line in lines if line.startswith('| PVT-S'))
+    assert pvt.count('N² too large') == 2 and 'failed' not in pvt

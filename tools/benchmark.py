@@ -181,7 +181,9 @@ def section_speed(args, out):
         if not args.skip_official:
             rows.setdefault('SOFT-S official order', {})[size] = measure(
                 build('SOFT-S', 'official order'), hw, args.device,
-                0 if hw[0] * hw[1] > 600 * 600 else args.repeat, official=True)
+                # above 600² one warm-up and one timed run (it is slow on a CPU)
+                min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
+                official=True)
         print(f'  measured {size}', flush=True)
     lines = ['| backbone | ' + ' | '.join(args.sizes) + ' | ' +
              ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
@@ -365,23 +367,26 @@ def section_scaling(args, out):
         for size in args.sweep:
             h, w = parse_size(size)
             if 'softmax' in name and h * w > args.softmax_max_pixels:
-                r = None  # N² attention matrices would not fit in memory
+                r = 'skipped'  # N² attention matrices would not fit in memory
             else:
                 r = _child_measure(name, mode or 'auto', size, args.device, args.repeat)
+                r = 'failed' if r is None else r
             results.setdefault(label, {})[size] = r
         print(f'  swept {label}', flush=True)
     tokens = {s: parse_size(s)[0] * parse_size(s)[1] / 16 for s in args.sweep}
     lines = ['| backbone | ' + ' | '.join(args.sweep) + ' | exponent (time ∝ N^k) |',
              '|---|' + '---|' * (len(args.sweep) + 1)]
     for label, r in results.items():
-        ok = [s for s in args.sweep if r[s] is not None]
+        ok = [s for s in args.sweep if isinstance(r[s], dict)]
         k = float('nan')
         if len(ok) >= 2:
             k = np.polyfit(np.log([tokens[s] for s in ok]),
                            np.log([r[s]['time'] for s in ok]), 1)[0]
-        cells = [f'{fmt(r[s]["time"])}, {r[s]["peak_mb"]:.0f} MB' if r[s] else '–'
+        cells = [f'{fmt(r[s]["time"])}, {r[s]["peak_mb"]:.0f} MB' if s in ok
+                 else ('– (N² too large)' if r[s] == 'skipped' else 'failed')
                  for s in args.sweep]
-        lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {k:.2f} |')
+        note = '' if len(ok) == len(args.sweep) else f' (fitted on {len(ok)} sizes)'
+        lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {k:.2f}{note} |')
         results[label]['exponent'] = k
     out['scaling'] = results
     if args.plot:
@@ -390,7 +395,7 @@ def section_scaling(args, out):
         import matplotlib.pyplot as plt
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         for label, r in results.items():
-            ok = [s for s in args.sweep if r.get(s)]
+            ok = [s for s in args.sweep if isinstance(r.get(s), dict)]
             xs = [tokens[s] for s in ok]
             ax1.loglog(xs, [r[s]['time'] for s in ok], 'o-', label=label)
             ax2.loglog(xs, [max(r[s]['peak_mb'], 1e-3) for s in ok], 'o-', label=label)
@@ -417,7 +422,8 @@ def section_memory(args, out):
     rows = {}
     for name, mode in series:
         label = name + (f' [{mode}]' if name == 'SOFT-S' else '')
-        repeat = 0 if mode == 'official order' else args.repeat
+        # the official order: one warm-up and one timed run (it is slow on a CPU)
+        repeat = min(args.repeat, 1) if mode == 'official order' else args.repeat
         fwd = _child_measure(name, mode, size, args.device, repeat)
         trn = None
         if mode != 'official order':  # a re-implementation for timing, no training
