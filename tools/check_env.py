@@ -1,42 +1,183 @@
-"""Check that the environment made by tools/setup_env.sh works: versions, mmcv ops on CPU,
-and that the OpenMMLab codebases and mmsoft import. Exits non-zero on the first problem."""
+"""Check an environment for mmsoft: one line per component, and for each problem the fix.
+
+    python tools/check_env.py            # a clone;  `mim run mmsoft check_env` once installed
+    python tools/check_env.py --strict   # also fail on a missing optional codebase
+
+Checks torch (and whether it sees a GPU), mmengine and mmcv (which distribution: the 2024
+OpenMMLab releases or the OneDL continuation), whether mmcv's compiled ops run on the CPU
+and, where torch sees a GPU, on CUDA; whether mmdet / mmseg / mmpretrain import (the
+transformers >= 5 trap of mmpretrain 1.2 is named with its fix), and whether mmsoft imports
+and `mim` finds its tools. Exits 1 when something mmsoft needs is missing or broken.
+"""
+import argparse
 import os
 import sys
+from importlib import metadata
+
+OK, WARN, FAIL = 'ok', 'warn', 'FAIL'
 
 
-def main():
+def dist_version(*names):
+    """(distribution, version) of the first installed of ``names``, else (None, None)."""
+    for name in names:
+        try:
+            return name, metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None, None
+
+
+def _load_compat():
+    """mmsoft/compat.py (standard library only), loaded by path: it works where mmsoft's
+    own imports (torch, mmengine) fail."""
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.dirname(here))  # a clone: the repository root
+    spec = importlib.util.find_spec('mmsoft')
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), 'compat.py')
+    compat_spec = importlib.util.spec_from_file_location('_mmsoft_compat', path)
+    module = importlib.util.module_from_spec(compat_spec)
+    compat_spec.loader.exec_module(module)
+    return module
+
+
+def _major(version):
+    try:
+        return int(version.split('.')[0])
+    except (AttributeError, ValueError):
+        return None
+
+
+def _torch():
     import torch
-    import mmcv
-    import mmengine
-    from mmcv.ops import nms, roi_align
+    gpu = torch.cuda.is_available()
+    where = (f'GPU: {torch.cuda.get_device_name(0)}' if gpu else 'no GPU visible')
+    build = f'CUDA {torch.version.cuda} build' if torch.version.cuda else 'CPU build'
+    return OK, f'torch {torch.__version__} ({build}, {where})', None
 
+
+def _mmengine():
+    import mmengine
+    dist, _ = dist_version('mmengine', 'onedl-mmengine', 'mmengine-lite')
+    if _major(mmengine.__version__) != 0:
+        return FAIL, f'mmengine {mmengine.__version__}', 'pip install "mmengine>=0.10,<1.0"'
+    return OK, f'mmengine {mmengine.__version__} ({dist or "source"})', None
+
+
+def _mmcv_ops():
+    import mmcv
+    import torch
+    dist, _ = dist_version('mmcv', 'onedl-mmcv', 'mmcv-lite')
+    name = f'mmcv {mmcv.__version__} ({dist or "source"})'
+    try:
+        from mmcv.ops import get_compiling_cuda_version, nms, roi_align
+    except ImportError as e:
+        return FAIL, f'{name}: compiled ops missing ({e})', (
+            'mmcv-lite or an mmcv built without ops: run bash tools/setup_env.sh, or build '
+            'mmcv with MMCV_WITH_OPS=1')
     boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [50., 50., 60., 60.]])
     scores = torch.tensor([0.9, 0.8, 0.7])
     _, keep = nms(boxes, scores, iou_threshold=0.5)
-    assert keep.tolist() == [0, 2], f'mmcv nms gave {keep.tolist()}'
+    if keep.tolist() != [0, 2]:
+        return FAIL, f'{name}: nms gave {keep.tolist()}', 'rebuild mmcv (tools/setup_env.sh)'
     feat = torch.arange(16.).view(1, 1, 4, 4)
-    rois = torch.tensor([[0., 0., 0., 3., 3.]])
-    out = roi_align(feat, rois, (2, 2), 1.0, 2, 'avg', True)
-    assert out.shape == (1, 1, 2, 2) and torch.isfinite(out).all()
+    out = roi_align(feat, torch.tensor([[0., 0., 0., 3., 3.]]), (2, 2), 1.0, 2, 'avg', True)
+    if out.shape != (1, 1, 2, 2) or not torch.isfinite(out).all():
+        return FAIL, f'{name}: roi_align failed on the CPU', 'rebuild mmcv (tools/setup_env.sh)'
+    cuda_ops = get_compiling_cuda_version()
+    if cuda_ops in (None, 'not available'):
+        if torch.cuda.is_available():
+            return FAIL, f'{name}: ops run on the CPU, but were built without CUDA', (
+                "mmdet's focal loss, NMS and RoIAlign will fail on the GPU: rebuild with a "
+                'CUDA toolkit matching torch (delete .venv/.mmsoft-setup-ok and run bash '
+                'tools/setup_env.sh; it says what to install)')
+        return OK, f'{name}: ops run on the CPU (built without CUDA)', None
+    if torch.cuda.is_available():
+        _, keep = nms(boxes.cuda(), scores.cuda(), iou_threshold=0.5)
+        if keep.tolist() != [0, 2]:
+            return FAIL, f'{name}: CUDA nms gave {keep.tolist()}', 'rebuild mmcv'
+        return OK, f'{name}: ops run on the CPU and on CUDA (built with CUDA {cuda_ops})', None
+    return OK, f'{name}: ops run on the CPU (built with CUDA {cuda_ops}; no GPU visible)', None
 
-    import mmdet
-    import mmseg
-    import mmpretrain
+
+def _codebase(module, dist_names, what, trap):
+    dist, version = dist_version(*dist_names)
+    if dist is None:
+        return WARN, f'{module} not installed (needed for {what})', (
+            f'pip install {dist_names[0]} (bash tools/setup_env.sh installs the tested '
+            'versions)')
+    try:
+        __import__(module + '.models')
+    except TypeError as e:
+        return FAIL, f'{module} {version}: import {module}.models failed ({e})', (
+            trap or 'see the traceback of: python -c "import %s.models"' % module)
+    except Exception as e:  # noqa: BLE001 - report any import failure in one line
+        return FAIL, f'{module} {version}: import {module}.models failed ' \
+                     f'({type(e).__name__}: {e})', f'python -c "import {module}.models"'
+    return OK, f'{module} {version} ({dist})', None
+
+
+def _mmsoft():
     import mmsoft
+    return OK, f'mmsoft {mmsoft.__version__} ({os.path.dirname(mmsoft.__file__)})', None
 
-    # `mim train/test mmsoft` look for <distribution location>/mmsoft/.mim/tools/
-    from mim.utils import get_installed_path
-    tools = os.path.join(get_installed_path('mmsoft'), '.mim', 'tools', 'train.py')
-    assert os.path.isfile(tools), f'mim cannot find mmsoft tools at {tools}; reinstall mmsoft'
-    print(f'torch {torch.__version__}, mmcv {mmcv.__version__} (ops ok), '
-          f'mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, '
-          f'mmseg {mmseg.__version__}, mmpretrain {mmpretrain.__version__}, '
-          f'mmsoft {mmsoft.__version__}')
+
+def _mim():
+    try:
+        from mim.utils import get_installed_path
+    except ImportError:
+        return WARN, 'openmim not installed (mim train/test mmsoft)', 'pip install openmim'
+    try:
+        tools = os.path.join(get_installed_path('mmsoft'), '.mim', 'tools', 'train.py')
+    except Exception:  # noqa: BLE001 - mmsoft not installed as a distribution
+        tools = None
+    if not tools or not os.path.isfile(tools):
+        return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
+            'install mmsoft: pip install -e . (in the repository)')
+    return OK, 'mim finds mmsoft/.mim/tools', None
+
+
+def checks():
+    """[(status, description, fix or None)] for this environment."""
+    compat = _load_compat()
+    trap = compat.transformers_trap() if compat else None
+    steps = [('torch', _torch), ('mmengine', _mmengine), ('mmcv', _mmcv_ops),
+             ('mmdet', lambda: _codebase('mmdet', ('mmdet', 'onedl-mmdetection'),
+                                         'the detection configs', trap)),
+             ('mmseg', lambda: _codebase('mmseg', ('mmsegmentation', 'onedl-mmsegmentation'),
+                                         'the UperNet configs', trap)),
+             ('mmpretrain', lambda: _codebase('mmpretrain', ('mmpretrain', 'onedl-mmpretrain'),
+                                              'the ImageNet configs', trap)),
+             ('mmsoft', _mmsoft), ('mim', _mim)]
+    results = []
+    for name, step in steps:
+        try:
+            results.append(step())
+        except ImportError as e:
+            results.append((FAIL, f'{name} cannot be imported ({e})',
+                            'bash tools/setup_env.sh makes a complete .venv'))
+        except Exception as e:  # noqa: BLE001 - one line per broken component
+            results.append((FAIL, f'{name}: {type(e).__name__}: {e}', None))
+    if trap and not any(trap == fix for _, _, fix in results):
+        results.append((WARN, 'transformers >= 5 beside mmpretrain <= 1.2', trap))
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--strict', action='store_true',
+                        help='fail on warnings too (a missing codebase or mim)')
+    args = parser.parse_args(argv)
+    results = checks()
+    for status, what, fix in results:
+        print(f'[{status:>4}] {what}' + (f'\n       fix: {fix}' if fix else ''))
+    bad = [r for r in results if r[0] == FAIL or (args.strict and r[0] == WARN)]
+    print('environment ok' if not bad else f'{len(bad)} problem(s) found', flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == '__main__':
-    try:
-        main()
-    except Exception as e:  # noqa: BLE001 - report any failure in one line
-        print(f'environment check failed: {type(e).__name__}: {e}', file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())

@@ -5,8 +5,11 @@
 #   itself in editable mode.
 #
 # mmcv 2.1.0 (the newest mmcv that mmdet 3.3.0 / mmseg 1.2.2 accept) has no wheel for
-# torch 2.14, so it is built here once (~10 min on 2 cores) and the wheel is cached in
-# $MMSOFT_CACHE (default ~/.cache/mmsoft) for every later run.
+# torch 2.14, so it is built here once (13.5 min on 2 cores) and the wheel is cached in
+# $MMSOFT_CACHE (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the
+# ops are built with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached
+# per torch+CUDA tag), or the script stops before the build and says what to install;
+# MMSOFT_MMCV_OPS=cpu builds CPU-only ops there instead (tools/setup_plan.py decides).
 #
 # Idempotent: a second run only checks. Any failure exits non-zero with what to do.
 set -euo pipefail
@@ -36,7 +39,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 
 # Fast path: everything already installed and importable.
 if [ "${MMSOFT_FORCE_SETUP:-0}" != 1 ] && [ -f "$VENV/.mmsoft-setup-ok" ] \
-   && "$PY" "$ROOT/tools/check_env.py" >/dev/null 2>&1; then
+   && "$PY" "$ROOT/tools/check_env.py" --strict >/dev/null 2>&1; then
   say "environment in $VENV is complete (delete $VENV/.mmsoft-setup-ok to re-run the install)."
   exit 0
 fi
@@ -49,10 +52,16 @@ say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build
 # where `mim train/test mmsoft` look for mmsoft/.mim/{configs,tools}.
 "${PIP[@]}" install -q "setuptools>=77,<80" wheel ninja packaging
 
+# How to build mmcv's ops here: CPU only, or CUDA with an nvcc matching torch's CUDA, or
+# stop now (before the long build) naming what to install. MMSOFT_MMCV_OPS=cpu opts into
+# CPU-only ops on a GPU machine. See tools/setup_plan.py.
+PLAN="$("$PY" "$ROOT/tools/setup_plan.py")" || { trap - ERR; exit 1; }
+eval "$PLAN"
 TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')"
+[ "$MMCV_OPS" = cuda ] && TAG="$TAG-$MMCV_TAG"
 WHEELDIR="$CACHE/mmcv-$MMCV_VERSION-$TAG"
 if ! ls "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
-  say "building mmcv $MMCV_VERSION with ops for $TAG (about 10 minutes on 2 cores)"
+  say "building mmcv $MMCV_VERSION with $MMCV_OPS ops for $TAG (about 13 minutes on 2 cores)"
   BUILD="$(mktemp -d)"
   "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
       "mmcv==$MMCV_VERSION" -d "$BUILD" \
@@ -62,7 +71,8 @@ if ! ls "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
   # torch 2.14's headers need C++20; mmcv's setup.py hard-codes -std=c++14 / c++17.
   sed -i -e 's/-std=c++14/-std=c++20/g' -e 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
   grep -q 'std=c++20' "$SRC/setup.py" || fail "mmcv setup.py patch did not apply."
-  (cd "$SRC" && MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-2}" \
+  # shellcheck disable=SC2086  # MMCV_BUILD_ENV holds NAME=value words for env
+  (cd "$SRC" && env $MMCV_BUILD_ENV MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .) \
     || fail "mmcv build failed; see the compiler output above."
   mkdir -p "$WHEELDIR"
@@ -82,6 +92,6 @@ say "installing mmengine, mmdet, mmsegmentation, mmpretrain and test tools"
 say "installing mmsoft in editable mode"
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
 
-"$PY" "$ROOT/tools/check_env.py" || fail "the environment check failed (see above)."
+"$PY" "$ROOT/tools/check_env.py" --strict || fail "the environment check failed (see above)."
 touch "$VENV/.mmsoft-setup-ok"
 say "done: activate with 'source $VENV/bin/activate'"

@@ -1,0 +1,56 @@
+"""Known conflicts with packages that share an environment with OpenMMLab.
+
+Standard library only: ``tools/check_env.py`` loads this file even where mmsoft itself
+cannot be imported.
+"""
+import warnings
+from importlib import metadata
+
+__all__ = ['installed_version', 'transformers_trap', 'warn_known_conflicts']
+
+
+def installed_version(*names):
+    """Version of the first installed distribution among ``names``, else None."""
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _numbers(version, n=2):
+    out = []
+    for part in version.split('.')[:n]:
+        digits = ''.join(c for c in part if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return out
+
+
+def transformers_trap(transformers=None, mmpretrain=None):
+    """The explanation and fix, if mmpretrain's multimodal models break mmdet here; None
+    otherwise. Versions default to what is installed.
+
+    mmpretrain 1.2.0 (and older) imports its multimodal models when transformers >= 4.28 is
+    installed. With transformers >= 5 that import fails, mmpretrain sets the missing base
+    class to None and subclasses it: ``TypeError: NoneType takes no arguments``. mmdet
+    imports mmpretrain whenever it is installed, so every detector config fails.
+    """
+    transformers = transformers or installed_version('transformers')
+    mmpretrain = mmpretrain or installed_version('mmpretrain', 'onedl-mmpretrain')
+    if not transformers or not mmpretrain or _numbers(transformers, 1)[0] < 5:
+        return None
+    if _numbers(mmpretrain) > [1, 2]:
+        return None  # not known to be affected
+    return (f'transformers {transformers} is installed beside mmpretrain {mmpretrain}, '
+            'whose multimodal models need transformers < 5: importing mmdet.models (and '
+            'mmpretrain.models) then fails with "TypeError: NoneType takes no arguments". '
+            'Fix: pip install "transformers<5" (or pip uninstall mmpretrain if you do not '
+            'use it).')
+
+
+def warn_known_conflicts():
+    """Warn once at import time about a conflict that would fail later, cryptically."""
+    trap = transformers_trap()
+    if trap:
+        warnings.warn('mmsoft: ' + trap, RuntimeWarning, stacklevel=3)
