@@ -48,9 +48,17 @@ setup(
     'MMSegmentation and MMPretrain',
     packages=find_packages(include=['mmsoft', 'mmsoft.*']),
     python_requires='>=3.8',
-    install_requires=['mmengine>=0.10.0,<1.0.0', 'torch>=2.0'],
+    # mmengine and mmcv come from one of two stacks with the same import names but
+    # different distribution names (mmengine / onedl-mmengine, ...): requiring one here
+    # would make pip install it over the other. Pick the stack with an extra (mmcv, which
+    # has no wheel for current torch, is built by tools/setup_env.sh).
+    install_requires=['torch>=2.0'],
     extras_require={
-        'mm': ['mmdet==3.3.0', 'mmsegmentation==1.2.2', 'mmpretrain==1.2.0', 'ftfy', 'regex'],
+        'openmmlab': ['mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2',
+                      'mmpretrain==1.2.0', 'ftfy', 'regex'],
+        'onedl': ['onedl-mmengine==0.10.12', 'onedl-mmdetection==3.5.1',
+                  'onedl-mmsegmentation==1.4.2', 'onedl-mmpretrain==1.3.6', 'ftfy',
+                  'regex'],
     },
     package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/tools/*', '.mim/README.md']},
     zip_safe=False,

@@ -3,13 +3,15 @@
 # train the SOFT-Tiny RetinaNet on it from scratch (400 iterations, a few minutes on a
 # CPU) and evaluate the final checkpoint with COCO bbox mAP.
 #   bash tools/quickstart.sh [CONFIG] [WORK_DIR]
+# MMSOFT_STACK=onedl runs it in .venv-onedl on the OneDL stack (tools/setup_env.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CONFIG="${1:-configs/_mini_/retinanet_soft-t_fpn_mini-coco.py}"
 WORK_DIR="${2:-work_dirs/quickstart}"
+source "$ROOT/tools/stack.sh"  # STACK, VENV
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
-PY="$ROOT/.venv/bin/python"
+PY="$VENV/bin/python"
 if [ ! -f data/mini_coco/annotations/instances_val.json ] || [ ! -d data/mini_ade ]; then
   "$PY" tools/make_mini_dataset.py --out data
 fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # README command 2: set up (or reuse) .venv, then run the test suite.
 # Extra arguments go to pytest, e.g. `bash tools/run_tests.sh -m "not slow"`.
+# MMSOFT_STACK=onedl runs it in .venv-onedl on the OneDL stack (tools/setup_env.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/tools/stack.sh"  # STACK, VENV
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m pytest tests "$@"
+exec "$VENV/bin/python" -m pytest tests "$@"

@@ -1,34 +1,56 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv in the repository root with the OpenMMLab stack mmsoft supports:
-#   torch 2.14.1 + torchvision 0.29.1, mmcv 2.1.0 built from its sdist with compiled ops,
-#   mmengine 0.10.7, mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0, openmim, and mmsoft
-#   itself in editable mode.
+# Create (or reuse) a virtual environment with an OpenMMLab stack mmsoft supports, and
+# install mmsoft into it in editable mode. Two stacks (MMSOFT_STACK):
+#   openmmlab (default) -> .venv: the last OpenMMLab releases (2024): mmcv 2.1.0 built from
+#       its sdist, mmengine 0.10.7, mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0,
+#       openmim 0.3.9.
+#   onedl -> .venv-onedl: their maintained continuation on PyPI (same import names):
+#       onedl-mmcv 2.3.6 built from its sdist, onedl-mmengine 0.10.12, onedl-mmdetection
+#       3.5.1, onedl-mmsegmentation 1.4.2, onedl-mmpretrain 1.3.6, onedl-mim 0.5.1.
+# Both: torch 2.14.1 + torchvision 0.29.1 and the test tools. MMSOFT_VENV overrides the
+# folder.
 #
-# mmcv 2.1.0 (the newest mmcv that mmdet 3.3.0 / mmseg 1.2.2 accept) has no wheel for
-# torch 2.14, so it is built here once (13.5 min on 2 cores) and the wheel is cached in
-# $MMSOFT_CACHE (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the
-# ops are built with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached
-# per torch+CUDA tag), or the script stops before the build and says what to install;
-# MMSOFT_MMCV_OPS=cpu builds CPU-only ops there instead (tools/setup_plan.py decides).
+# Neither mmcv has a wheel for torch 2.14: it is built here once (13.5 min on 2 cores for
+# mmcv 2.1.0, 12.5 min for onedl-mmcv 2.3.6; their setup.py asks for C++14/17, torch's
+# headers need C++20, which this script patches) and the wheel is cached in $MMSOFT_CACHE
+# (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the ops are built
+# with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached per torch+CUDA
+# tag), or the script stops before the build and says what to install; MMSOFT_MMCV_OPS=cpu
+# builds CPU-only ops there instead (tools/setup_plan.py decides).
 #
 # Idempotent: a second run only checks. Any failure exits non-zero with what to do.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${MMSOFT_VENV:-$ROOT/.venv}"
+source "$ROOT/tools/stack.sh"  # STACK, VENV
 CACHE="${MMSOFT_CACHE:-$HOME/.cache/mmsoft}"
 PYTHON="${PYTHON:-python3}"
 
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
-MMCV_VERSION=2.1.0
 
 say() { printf '[setup_env] %s\n' "$*"; }
 fail() { printf '[setup_env] ERROR: %s\n' "$*" >&2; exit 1; }
+case "$STACK" in
+  openmmlab)
+    MMCV_DIST=mmcv; MMCV_VERSION=2.1.0; MMCV_SDIST=mmcv-2.1.0
+    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9
+    # torch 2.14 declares setuptools>=77; mmcv's setup.py needs pkg_resources (<82); below
+    # 80, `pip install -e .` is a classic develop install (an egg-link to this folder),
+    # which is where openmim 0.3.9 looks for mmsoft/.mim/{configs,tools}.
+    SETUPTOOLS="setuptools>=77,<80"; MIN_PY=8 ;;
+  onedl)
+    MMCV_DIST=onedl-mmcv; MMCV_VERSION=2.3.6; MMCV_SDIST=onedl_mmcv-2.3.6
+    REQUIREMENTS="$ROOT/requirements/onedl.txt"; MIM=onedl-mim==0.5.1
+    # onedl-mim declares setuptools>=80 (it reads PEP 660 editable installs); the mmcv
+    # build still needs pkg_resources (<82).
+    SETUPTOOLS="setuptools>=80,<82"; MIN_PY=10 ;;
+  *) fail "MMSOFT_STACK must be openmmlab or onedl, not '$STACK'." ;;
+esac
 trap 'fail "step failed at line $LINENO (see the output above). Fix the cause and run this script again; it resumes where it stopped."' ERR
 
-"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 8)' \
-  || fail "$PYTHON is missing or older than 3.8; set PYTHON=/path/to/python3."
+"$PYTHON" -c "import sys; assert sys.version_info >= (3, $MIN_PY)" \
+  || fail "$PYTHON is missing or older than 3.$MIN_PY (the $STACK stack); set PYTHON=/path/to/python3."
 
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
@@ -40,17 +62,14 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 # Fast path: everything already installed and importable.
 if [ "${MMSOFT_FORCE_SETUP:-0}" != 1 ] && [ -f "$VENV/.mmsoft-setup-ok" ] \
    && "$PY" "$ROOT/tools/check_env.py" --strict >/dev/null 2>&1; then
-  say "environment in $VENV is complete (delete $VENV/.mmsoft-setup-ok to re-run the install)."
+  say "$STACK environment in $VENV is complete (delete $VENV/.mmsoft-setup-ok to re-run the install)."
   exit 0
 fi
 rm -f "$VENV/.mmsoft-setup-ok"
 
 say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build tools"
 "${PIP[@]}" install -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-# torch 2.14 declares setuptools>=77; mmcv's setup.py needs pkg_resources (<82); below 80,
-# `pip install -e .` is a classic develop install (an egg-link to this folder), which is
-# where `mim train/test mmsoft` look for mmsoft/.mim/{configs,tools}.
-"${PIP[@]}" install -q "setuptools>=77,<80" wheel ninja packaging
+"${PIP[@]}" install -q "$SETUPTOOLS" wheel ninja packaging
 
 # How to build mmcv's ops here: CPU only, or CUDA with an nvcc matching torch's CUDA, or
 # stop now (before the long build) naming what to install. MMSOFT_MMCV_OPS=cpu opts into
@@ -59,15 +78,16 @@ PLAN="$("$PY" "$ROOT/tools/setup_plan.py")" || { trap - ERR; exit 1; }
 eval "$PLAN"
 TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')"
 [ "$MMCV_OPS" = cuda ] && TAG="$TAG-$MMCV_TAG"
-WHEELDIR="$CACHE/mmcv-$MMCV_VERSION-$TAG"
-if ! ls "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
-  say "building mmcv $MMCV_VERSION with $MMCV_OPS ops for $TAG (about 13 minutes on 2 cores)"
+WHEELDIR="$CACHE/$MMCV_DIST-$MMCV_VERSION-$TAG"
+WHEEL_GLOB="${MMCV_DIST//-/_}-$MMCV_VERSION-*.whl"
+if ! ls "$WHEELDIR"/$WHEEL_GLOB >/dev/null 2>&1; then
+  say "building $MMCV_DIST $MMCV_VERSION with $MMCV_OPS ops for $TAG (about 13 minutes on 2 cores)"
   BUILD="$(mktemp -d)"
   "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
-      "mmcv==$MMCV_VERSION" -d "$BUILD" \
-    || fail "could not download the mmcv $MMCV_VERSION sdist from PyPI."
-  tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
-  SRC="$BUILD/mmcv-$MMCV_VERSION"
+      "$MMCV_DIST==$MMCV_VERSION" -d "$BUILD" \
+    || fail "could not download the $MMCV_DIST $MMCV_VERSION sdist from PyPI."
+  tar -xzf "$BUILD/$MMCV_SDIST.tar.gz" -C "$BUILD"
+  SRC="$BUILD/$MMCV_SDIST"
   # torch 2.14's headers need C++20; mmcv's setup.py hard-codes -std=c++14 / c++17.
   sed -i -e 's/-std=c++14/-std=c++20/g' -e 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
   grep -q 'std=c++20' "$SRC/setup.py" || fail "mmcv setup.py patch did not apply."
@@ -76,17 +96,17 @@ if ! ls "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .) \
     || fail "mmcv build failed; see the compiler output above."
   mkdir -p "$WHEELDIR"
-  cp "$BUILD"/dist/mmcv-"$MMCV_VERSION"-*.whl "$WHEELDIR"/
+  cp "$BUILD"/dist/$WHEEL_GLOB "$WHEELDIR"/
   rm -rf "$BUILD"
-  say "cached the mmcv wheel in $WHEELDIR"
+  say "cached the $MMCV_DIST wheel in $WHEELDIR"
 fi
-"${PIP[@]}" install -q --no-deps "$WHEELDIR"/mmcv-"$MMCV_VERSION"-*.whl
+"${PIP[@]}" install -q --no-deps "$WHEELDIR"/$WHEEL_GLOB
 
-say "installing mmengine, mmdet, mmsegmentation, mmpretrain and test tools"
-"${PIP[@]}" install -q -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
-# openmim's own requirements pull opendatalab/openxlab, which downgrade setuptools below what
+say "installing the $STACK mmengine, mmdet, mmsegmentation, mmpretrain and test tools"
+"${PIP[@]}" install -q -r "$REQUIREMENTS" -r "$ROOT/requirements/tests.txt"
+# mim's own requirements pull opendatalab/openxlab, which downgrade setuptools below what
 # torch needs; mim train/test work without them.
-"${PIP[@]}" install -q --no-deps "openmim==0.3.9"
+"${PIP[@]}" install -q --no-deps "$MIM"
 "${PIP[@]}" install -q -r "$ROOT/requirements/mim.txt"
 
 say "installing mmsoft in editable mode"
