@@ -4,46 +4,26 @@ The codebase (mmdet, mmseg or mmpretrain) is chosen from the config's ``default_
 one tool serves every config under configs/. Same options as the codebases' own
 tools/train.py; `mim train mmsoft CONFIG` runs this file.
 """
-import argparse
-import os
 import os.path as osp
+import sys
 
-from mmengine.config import Config, DictAction
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import _runner  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description='Train a model with an mmsoft backbone')
-    parser.add_argument('config', help='train config file path')
-    parser.add_argument('--work-dir', help='the dir to save logs and models')
-    parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
-    parser.add_argument('--auto-scale-lr', action='store_true',
-                        help='scale the learning rate by (total batch / base_batch_size)')
-    parser.add_argument(
-        '--resume', nargs='?', type=str, const='auto',
-        help='resume from the given checkpoint, or from the latest one in work_dir')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, e.g. train_cfg.max_iters=100')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    p = _runner.parser('Train a model with an mmsoft backbone', 'train config file path')
+    p.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    p.add_argument('--auto-scale-lr', action='store_true',
+                   help='scale the learning rate by (total batch / base_batch_size)')
+    p.add_argument('--resume', nargs='?', type=str, const='auto',
+                   help='resume from the given checkpoint, or from the latest one in '
+                   'work_dir')
+    return _runner.parse(p, argv)
 
 
 def build_cfg(args):
-    import mmsoft  # noqa: F401  registers the backbones, keeps weights_only loading usable
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg = _runner.load_config(args)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -62,12 +42,8 @@ def build_cfg(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    cfg = build_cfg(args)
-    from mmsoft.engine import setup_cpu_distributed
-    setup_cpu_distributed(cfg)  # torchrun without CUDA: gloo, DDP without device_ids
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    runner.train()
+    cfg = build_cfg(parse_args(argv))
+    _runner.build_runner(cfg).train()
 
 
 if __name__ == '__main__':

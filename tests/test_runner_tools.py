@@ -1,0 +1,48 @@
+"""tools/train.py and tools/test.py: options become config settings (no training here;
+the end-to-end runs are in test_pipelines.py)."""
+import os.path as osp
+import sys
+
+import pytest
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.join(ROOT, 'tools'))
+MINI = osp.join(ROOT, 'configs', '_mini_', 'retinanet_soft-t_fpn_mini-coco.py')
+
+
+def test_train_options_become_config_settings():
+    import train
+    cfg = train.build_cfg(train.parse_args([
+        MINI, '--amp', '--resume', 'w/iter_4.pth', '--cfg-options', 'train_cfg.max_iters=7']))
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.loss_scale == 'dynamic'
+    assert cfg.resume is True and cfg.load_from == 'w/iter_4.pth'
+    assert cfg.train_cfg.max_iters == 7
+    assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_soft-t_fpn_mini-coco')
+    cfg = train.build_cfg(train.parse_args([MINI, '--resume', '--work-dir', 'elsewhere']))
+    assert cfg.resume is True and cfg.load_from is None and cfg.work_dir == 'elsewhere'
+
+
+def test_auto_scale_lr_needs_a_base_batch_size():
+    import train
+    args = train.parse_args([MINI, '--auto-scale-lr', '--cfg-options',
+                             'auto_scale_lr.base_batch_size=16'])
+    assert train.build_cfg(args).auto_scale_lr.enable is True
+    cfg_without = train.parse_args([MINI, '--auto-scale-lr'])
+    from mmengine.config import Config
+    if 'base_batch_size' not in Config.fromfile(MINI).get('auto_scale_lr', {}):
+        with pytest.raises(ValueError, match='base_batch_size'):
+            train.build_cfg(cfg_without)
+
+
+def test_test_tool_refuses_a_non_pickle_out():
+    import importlib.util
+    # by path: the stdlib has a package named ``test``
+    spec = importlib.util.spec_from_file_location('mmsoft_test_tool',
+                                                  osp.join(ROOT, 'tools', 'test.py'))
+    test_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(test_tool)
+    with pytest.raises(SystemExit, match='.pkl'):
+        test_tool.main([MINI, 'ckpt.pth', '--out', 'results.json'])
+    args = test_tool.parse_args([MINI, 'ckpt.pth', '--work-dir', 'w'])
+    assert args.checkpoint == 'ckpt.pth' and args.work_dir == 'w'
