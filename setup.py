@@ -60,6 +60,6 @@ setup(
                   'onedl-mmsegmentation==1.4.2', 'onedl-mmpretrain==1.3.6', 'ftfy',
                   'regex'],
     },
-    package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/tools/*', '.mim/README.md']},
+    package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/tools/**/*', '.mim/README.md']},
     zip_safe=False,
 )

@@ -46,3 +46,27 @@ def test_test_tool_refuses_a_non_pickle_out():
         test_tool.main([MINI, 'ckpt.pth', '--out', 'results.json'])
     args = test_tool.parse_args([MINI, 'ckpt.pth', '--work-dir', 'w'])
     assert args.checkpoint == 'ckpt.pth' and args.work_dir == 'w'
+
+
+def test_wheel_ships_every_config_and_tool(tmp_path):
+    """`pip install .` must give mim every config and tool (subfolders included)."""
+    import shutil
+    import subprocess
+    import zipfile
+    files = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    src = tmp_path / 'src'
+    for f in files:
+        if osp.isfile(osp.join(ROOT, f)) and not f.startswith('tests/'):
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(osp.join(ROOT, f), src / f)
+    subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+                    '--no-build-isolation', str(src), '-w', str(tmp_path / 'dist')],
+                   check=True, capture_output=True)
+    wheel, = (tmp_path / 'dist').glob('mmsoft-*.whl')
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {'mmsoft/.mim/' + f for f in files
+              if f.startswith(('tools/', 'configs/')) and f.endswith(('.py', '.sh'))
+              and osp.isfile(osp.join(ROOT, f))}
+    assert wanted and not wanted - names, sorted(wanted - names)
+    assert 'mmsoft/.mim/README.md' in names
