@@ -4,7 +4,10 @@
 _base_ = 'mmdet::atss/atss_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
-pretrained = 'checkpoints/soft_small_norm.pth'  # official ImageNet SOFT-Small-Norm
+# Official ImageNet SOFT-Small-Norm weights (timm format, loaded as they are): download
+# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
+# Google Drive) to checkpoints/soft_small_norm.pth, or point this at your copy.
+pretrained = 'checkpoints/soft_small_norm.pth'
 
 model = dict(
     backbone=dict(

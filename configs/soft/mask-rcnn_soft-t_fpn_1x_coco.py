@@ -8,7 +8,9 @@ _base_ = [
 ]
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
-# Set this to the official ImageNet SOFT-Tiny(-Norm) checkpoint (timm format is fine).
+# Official ImageNet SOFT-Tiny-Norm weights (timm format, loaded as they are): download
+# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
+# Google Drive) to checkpoints/soft_tiny_norm.pth, or point this at your copy.
 pretrained = 'checkpoints/soft_tiny_norm.pth'
 
 model = dict(

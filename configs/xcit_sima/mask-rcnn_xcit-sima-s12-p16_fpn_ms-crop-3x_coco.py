@@ -6,8 +6,9 @@
 _base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
-# Official XCiT-S12/16 ImageNet weights (or an XCiT-S12/16-SimA ImageNet checkpoint);
-# XCA's temperatures are dropped when loading.
+# Official XCiT-S12/16 ImageNet weights (no SimA weights were released; XCiT's initialize
+# XCiT-SimA; XCA's temperatures are dropped when loading), or an XCiT-S12/16-SimA ImageNet
+# checkpoint: wget -P checkpoints https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth
 pretrained = 'checkpoints/xcit_small_12_p16_224.pth'
 
 model = dict(

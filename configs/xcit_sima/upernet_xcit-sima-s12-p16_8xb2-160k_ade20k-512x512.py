@@ -8,7 +8,9 @@ _base_ = [
 ]
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
-pretrained = 'checkpoints/xcit_small_12_p16_224.pth'  # official XCiT-S12/16 ImageNet
+# Official XCiT ImageNet weights (no SimA weights were released; XCiT's initialize
+# XCiT-SimA): wget -P checkpoints https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_224.pth
+pretrained = 'checkpoints/xcit_small_12_p16_224.pth'
 
 crop_size = (512, 512)
 model = dict(
