@@ -82,11 +82,19 @@ def test_loads_mmengine_and_plain_formats(tmp_path, expected):
             assert torch.equal(v, sd[k]), k
 
 
-def test_prefers_ema_weights():
+def test_prefers_ema_weights(tmp_path):
+    """timm checkpoints hold the training weights and their EMA; evaluation uses the EMA
+    (SPEC 1.5). The fixture's two copies are equal, so perturb the EMA copy."""
     ck = torch.load(CKPT, weights_only=True)
-    model = fixture_model()
-    w = model.state_dict()['block1.0.att.mha.W_q.weight']
-    assert torch.equal(w, ck['state_dict_ema']['block1.0.att.mha.W_q.weight'])
+    ck['state_dict_ema'] = {k: v + 0.01 if v.is_floating_point() else v
+                            for k, v in ck['state_dict'].items()}
+    path = tmp_path / 'ema.pth'
+    torch.save(ck, path)
+    own = fixture_model(init_cfg=dict(type='Pretrained', checkpoint=str(path))).state_dict()
+    key = 'block1.0.att.mha.W_q.weight'
+    assert not torch.equal(ck['state_dict'][key], ck['state_dict_ema'][key])
+    for k, v in own.items():
+        assert torch.equal(v, ck['state_dict_ema'][k]), k
 
 
 def test_depth_mismatch_is_reported():
