@@ -1,12 +1,14 @@
 """mmsoft: SOFT and XCiT-SimA softmax-free backbones for OpenMMLab 2.x codebases.
 
 Importing the package (directly or through a config's ``custom_imports``) registers the
-backbones and lets torch load mmengine's own checkpoints with ``weights_only`` kept on.
+backbones and routes mmengine's checkpoint loading through ``mmsoft.checkpoint``: torch's
+``weights_only`` protection stays on, mmengine's and timm's checkpoints load, crafted ones are
+refused (also where onedl-mmengine would retry them with ``weights_only=False``).
 """
-from .checkpoint import allow_mmengine_checkpoints
+from .checkpoint import guard_mmengine
 from .version import __version__
 
-allow_mmengine_checkpoints()
+guard_mmengine()
 
 from .models import SOFT, XCiTSimA  # noqa: E402
 from . import engine  # noqa: E402,F401  (registers CPUDistributedDataParallel)
