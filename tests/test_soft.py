@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import data_path, rel_err
 
+from mmsoft import checkpoint
 from mmsoft.models import SOFT
 
 FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
@@ -85,7 +86,7 @@ def test_loads_mmengine_and_plain_formats(tmp_path, expected):
 def test_prefers_ema_weights(tmp_path):
     """timm checkpoints hold the training weights and their EMA; evaluation uses the EMA
     (SPEC 1.5). The fixture's two copies are equal, so perturb the EMA copy."""
-    ck = torch.load(CKPT, weights_only=True)
+    ck = checkpoint.load(CKPT)  # a timm checkpoint: needs the allow-listed Namespace
     ck['state_dict_ema'] = {k: v + 0.01 if v.is_floating_point() else v
                             for k, v in ck['state_dict'].items()}
     path = tmp_path / 'ema.pth'
