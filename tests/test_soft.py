@@ -221,6 +221,8 @@ def test_invalid_configs():
         SOFT(arch='gigantic')
     with pytest.raises(ValueError, match='needs a dict with keys'):
         SOFT(arch=dict(embed_dims=[64] * 4))
+    with pytest.raises(ValueError, match=r"unknown keys \['sr_ratio'\]"):  # a typo
+        SOFT(arch=dict(FIXTURE_ARCH, sr_ratio=[4, 2, 1, 1]))
     with pytest.raises(ValueError, match='not divisible'):
         SOFT(arch=dict(embed_dims=[64, 128, 320, 512], num_heads=[3, 4, 10, 16],
                        depths=[1, 1, 1, 1]))

@@ -87,6 +87,13 @@ def test_pyramid_strides(patch_size, hw):
         assert o.shape[1] == 64 and torch.isfinite(o).all()
 
 
+def test_without_pyramid_taps_stay_at_patch_stride():
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), with_pyramid=False)
+    assert not any(k.startswith('fpn') for k in model.state_dict())
+    outs = model.eval()(torch.randn(1, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [(1, 64, 4, 6)] * 4
+
+
 def test_batch_invariance():
     model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), drop_path_rate=0.)
     model.init_weights()
@@ -132,6 +139,8 @@ def test_invalid_configs():
         XCiTSimA(arch='s36')
     with pytest.raises(ValueError, match='needs a dict with keys'):
         XCiTSimA(arch=dict(embed_dims=64, depth=4))
+    with pytest.raises(ValueError, match=r"unknown keys \['depths'\]"):  # a typo is no no-op
+        XCiTSimA(arch=dict(FIXTURE_ARCH, depths=4))
     with pytest.raises(ValueError, match='patch_size'):
         XCiTSimA(arch='t12', patch_size=14)
     with pytest.raises(ValueError, match='not divisible'):

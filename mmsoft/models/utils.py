@@ -1,15 +1,57 @@
-"""Helpers shared by the backbone families: norm building, drop path, checkpoint loading."""
+"""What the backbone families share: the ``Backbone`` base class (initialization,
+pretrained loading, freezing, ``norm_eval``, activation checkpointing), arch parsing,
+the MLP, input checks and checkpoint loading."""
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.logging import MMLogger, print_log
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import initialize, trunc_normal_
 from mmengine.runner.checkpoint import CheckpointLoader
-
-import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = [
-    'DropPath', 'build_norm', 'check_depths', 'check_input', 'extract_state_dict',
-    'load_pretrained'
+    'Backbone', 'DropPath', 'Mlp', 'build_norm', 'check_depths', 'check_input',
+    'eval_batch_norms', 'extract_state_dict', 'load_pretrained', 'parse_arch'
 ]
+
+
+class Mlp(nn.Module):
+    """``fc1`` -> GELU (exact) -> ``fc2``: the MLP of SOFT's stage 4 and of XCiT blocks."""
+
+    def __init__(self, embed_dims, hidden_dims):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def parse_arch(arch, arch_zoo, essential_keys, family, optional_keys=()):
+    """An arch name (case-insensitive) or dict -> a settings dict (a copy).
+
+    An unknown name lists the known ones; a dict missing an essential key, or with a key
+    that would be ignored (a typo), lists what is required and what is allowed.
+    """
+    if isinstance(arch, str):
+        key = arch.lower()
+        if key not in arch_zoo:
+            raise ValueError(f'Unknown {family} arch {arch!r}; choose from '
+                             f'{sorted(arch_zoo)} or pass a dict')
+        return dict(arch_zoo[key])
+    essential, optional = set(essential_keys), set(optional_keys)
+    extra = sorted(set(arch) - essential - optional) if isinstance(arch, dict) else []
+    if not isinstance(arch, dict) or not essential <= set(arch) or extra:
+        problem = (f'unknown keys {extra}' if extra else f'got {arch!r}')
+        raise ValueError(f'Custom {family} arch needs a dict with keys '
+                         f'{sorted(essential)}' +
+                         (f' (optional: {sorted(optional)})' if optional else '') +
+                         f'; {problem}')
+    return dict(arch)
 
 
 def build_norm(norm_cfg, num_features):
@@ -70,15 +112,17 @@ def extract_state_dict(checkpoint, prefix=None):
     return state
 
 
-def load_pretrained(model, path, filter_fn, prefix=None, logger='current'):
-    """Load ``path`` into ``model`` through ``filter_fn(state_dict, model)``.
+def load_pretrained(model, path, filter_fn=None, prefix=None, logger='current'):
+    """Load ``path`` into ``model`` through ``filter_fn(state_dict)``.
 
     Shape mismatches fail with the first mismatching parameter named; missing and ignored
     keys are reported in one log line. Loading keeps torch's ``weights_only`` protection
     (see ``mmsoft.checkpoint``).
     """
     checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger=logger)
-    state = filter_fn(extract_state_dict(checkpoint, prefix), model)
+    state = extract_state_dict(checkpoint, prefix)
+    if filter_fn is not None:
+        state = filter_fn(state)
     own = model.state_dict()
     for k, v in state.items():
         if k in own and tuple(own[k].shape) != tuple(v.shape):
@@ -96,7 +140,85 @@ def load_pretrained(model, path, filter_fn, prefix=None, logger='current'):
 def eval_batch_norms(module):
     """Put every BatchNorm layer of ``module`` in eval mode: normalize with the running
     statistics and stop updating them (``norm_eval=True`` of mmdet backbones)."""
-    from torch.nn.modules.batchnorm import _BatchNorm
     for m in module.modules():
         if isinstance(m, _BatchNorm):
             m.eval()
+
+
+class Backbone(BaseModule):
+    """Base of the mmsoft backbones: what ``init_weights``, ``train`` and activation
+    checkpointing do is the same for every family (MMDetection's Swin/PVT habits).
+
+    A subclass sets ``min_input_size`` and overrides ``adapt_checkpoint`` (its official
+    checkpoints -> its own keys), ``_frozen_parts`` and, to add to it, ``_init_random``.
+    """
+    min_input_size = 1
+
+    def __init__(self, frozen_stages=-1, norm_eval=False, with_cp=False, init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+
+    # -- initialization -----------------------------------------------------------------
+    def _init_random(self):
+        """Random initialization (ViT/timm habits): truncated-normal linear weights, zero
+        biases, unit LayerNorms. Subclasses add their own parameters."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def init_weights(self):
+        """The random initialization, then mmengine initializers of ``init_cfg`` and last
+        a ``Pretrained`` checkpoint (through ``adapt_checkpoint``), so that whatever
+        the checkpoint does not hold keeps a deliberate initialization."""
+        cfgs = self.init_cfg or []
+        cfgs = [cfgs] if isinstance(cfgs, dict) else list(cfgs)
+        pretrained = [c for c in cfgs if c.get('type') == 'Pretrained']
+        others = [c for c in cfgs if c.get('type') != 'Pretrained']
+        self._init_random()
+        if others:
+            initialize(self, others)
+        for cfg in pretrained:
+            load_pretrained(self, cfg['checkpoint'], self.adapt_checkpoint,
+                            prefix=cfg.get('prefix'))
+        self._is_init = True
+
+    def adapt_checkpoint(self, state_dict):
+        """A checkpoint's state dict -> this model's keys (the family's filter)."""
+        return state_dict
+
+    # -- freezing -----------------------------------------------------------------------
+    def _frozen_parts(self):
+        """(modules, parameters) frozen by ``frozen_stages``."""
+        return [], []
+
+    def _freeze_stages(self):
+        modules, params = self._frozen_parts()
+        for m in modules:
+            m.eval()
+            params.extend(m.parameters())
+        for p in params:
+            p.requires_grad = False
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            eval_batch_norms(self)
+        return self
+
+    # -- forward helpers ----------------------------------------------------------------
+    def _check_input(self, x):
+        check_input(x, self.min_input_size, type(self).__name__)
+
+    def _run_block(self, block, x, *args):
+        """``block(x, *args)``, activation-checkpointed when ``with_cp`` and training."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(block, x, *args, use_reentrant=False)
+        return block(x, *args)

@@ -4,19 +4,16 @@ Module and parameter names follow the official release, so official ImageNet che
 load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head).
 """
 import math
-from typing import Dict, Sequence
+from typing import Dict
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
-from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
-from ..attention import PINV_METHODS, soft_attention
-from ..utils import (DropPath, build_norm, check_depths, check_input, eval_batch_norms,
-                     load_pretrained)
 from ...registry import register_model
+from ..attention import PINV_METHODS, soft_attention
+from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
 
@@ -136,18 +133,6 @@ class SoftmaxAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(B, N, C))
 
 
-class Mlp(nn.Module):
-
-    def __init__(self, embed_dims, hidden_dims):
-        super().__init__()
-        self.fc1 = nn.Linear(embed_dims, hidden_dims)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dims, embed_dims)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class SoftmaxBlock(nn.Module):
     """Pre-norm stage-4 block (SPEC 1.2), LayerNorm eps 1e-6, MLP ratio 4."""
 
@@ -195,7 +180,7 @@ def resize_pos_embed(pos_embed, grid, hw):
 
 
 @register_model()
-class SOFT(BaseModule):
+class SOFT(Backbone):
     """SOFT backbone with attention normalization (TPAMI extension of NeurIPS 2021 SOFT).
 
     A four-stage pyramid (strides 4, 8, 16, 32). Stages 1–3 use softmax-free Gaussian-kernel
@@ -281,8 +266,9 @@ class SOFT(BaseModule):
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._parse_arch(arch)
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'SOFT',
+                          optional_keys={'sr_ratios'})
         self.embed_dims = list(arch['embed_dims'])
         self.num_heads = list(arch['num_heads'])
         self.depths = list(arch['depths'])
@@ -322,9 +308,6 @@ class SOFT(BaseModule):
         if out_type == 'cls_token' and not (with_cls_token and 3 in self.out_indices):
             raise ValueError("out_type='cls_token' needs with_cls_token=True and stage 3 "
                              'in out_indices')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
         self.with_cls_token = with_cls_token
         self.out_type = out_type
 
@@ -354,38 +337,11 @@ class SOFT(BaseModule):
                 self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
             self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
 
-    # -- construction helpers -----------------------------------------------------------
-    def _parse_arch(self, arch):
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in self.arch_zoo:
-                raise ValueError(f'Unknown SOFT arch {arch!r}; choose from '
-                                 f'{sorted(set(self.arch_zoo))} or pass a dict')
-            return self.arch_zoo[key]
-        if not isinstance(arch, dict) or not self.essential_keys <= set(arch):
-            raise ValueError(f'Custom SOFT arch needs a dict with keys '
-                             f'{sorted(self.essential_keys)} (optional: sr_ratios), '
-                             f'got {arch!r}')
-        return arch
-
-    def init_weights(self):
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'], checkpoint_filter_fn,
-                            prefix=self.init_cfg.get('prefix'))
-            self._is_init = True
-            return
-        if self.init_cfg is not None:  # another mmengine initializer
-            super().init_weights()
-            return
+    # -- Backbone hooks -----------------------------------------------------------------
+    def _init_random(self):
+        super()._init_random()
         for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d):
                 fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
                 nn.init.normal_(m.weight, 0, math.sqrt(2.0 / fan_out))
                 if m.bias is not None:
@@ -395,41 +351,25 @@ class SOFT(BaseModule):
         if getattr(self, 'cls_token', None) is not None:
             trunc_normal_(self.cls_token, std=.02)
 
-    # -- freezing -----------------------------------------------------------------------
-    def _stage_modules(self, s):
-        mods = [getattr(self, f'patch_embed{s + 1}'), getattr(self, f'block{s + 1}')]
-        params = [getattr(self, f'pos_embed{s + 1}')]
-        if s == 3:
-            mods.append(self.norm)
-            if self.with_cls_token:
-                params.append(self.cls_token)
-        return mods, params
+    def adapt_checkpoint(self, state_dict):
+        return checkpoint_filter_fn(state_dict, self)
 
-    def _freeze_stages(self):
+    def _frozen_parts(self):
+        """Stage s: its patch embedding, position embedding and blocks (stage 4: also the
+        final norm and the class token)."""
+        modules, params = [], []
         for s in range(max(self.frozen_stages, 0)):
-            mods, params = self._stage_modules(s)
-            for m in mods:
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
-            for p in params:
-                p.requires_grad = False
-
-    def train(self, mode=True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            eval_batch_norms(self)
-        return self
+            modules += [getattr(self, f'patch_embed{s + 1}'), getattr(self, f'block{s + 1}')]
+            params.append(getattr(self, f'pos_embed{s + 1}'))
+            if s == 3:
+                modules.append(self.norm)
+                if self.with_cls_token:
+                    params.append(self.cls_token)
+        return modules, params
 
     # -- forward ------------------------------------------------------------------------
-    def _run_block(self, blk, x, hw):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
-
     def forward(self, x):
-        check_input(x, self.min_input_size, 'SOFT')
+        self._check_input(x)
         outs = []
         B = x.shape[0]
         for s in range(self.num_stages):

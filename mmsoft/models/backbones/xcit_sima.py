@@ -11,15 +11,11 @@ from typing import Dict
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
-from mmengine.model import BaseModule
-from mmengine.model.weight_init import trunc_normal_
 
-from ..attention import sima_attention
 from ...registry import register_model
-from ..utils import (DropPath, build_norm, check_depths, check_input, eval_batch_norms,
-                     load_pretrained)
+from ..attention import sima_attention
+from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
@@ -123,18 +119,6 @@ class LPI(nn.Module):
         return x.reshape(B, C, N).transpose(1, 2)
 
 
-class Mlp(nn.Module):
-
-    def __init__(self, embed_dims, hidden_dims):
-        super().__init__()
-        self.fc1 = nn.Linear(embed_dims, hidden_dims)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dims, embed_dims)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class SimABlock(nn.Module):
     """XCiT block with SimA attention (SPEC 2.2); layer scale γ = η·1."""
 
@@ -158,7 +142,7 @@ class SimABlock(nn.Module):
 
 
 @register_model()
-class XCiTSimA(BaseModule):
+class XCiTSimA(Backbone):
     """XCiT-SimA backbone for dense prediction: four NCHW maps at strides 4, 8, 16, 32.
 
     Args:
@@ -206,8 +190,8 @@ class XCiTSimA(BaseModule):
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
-        arch = self._parse_arch(arch)
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'XCiTSimA')
         self.embed_dims = C = int(arch['embed_dims'])
         self.depth = int(arch['depth'])
         self.num_heads = int(arch['num_heads'])
@@ -238,9 +222,6 @@ class XCiTSimA(BaseModule):
         # (⌈H / p⌉ per side) must hold at least one such window.
         self.min_input_size = patch_size * (32 // patch_size - 1) + 1
         self.out_indices = out_indices
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
 
         self.patch_embed = ConvPatchEmbed(in_channels, C, patch_size, norm_cfg)
         self.pos_embeder = PositionalEncodingFourier(C)
@@ -249,10 +230,16 @@ class XCiTSimA(BaseModule):
             for _ in range(out_indices[-1] + 1)
         ])
         self.with_pyramid = with_pyramid
-        up = lambda: nn.ConvTranspose2d(C, C, 2, 2)  # noqa: E731
-        if not with_pyramid:
-            pass
-        elif patch_size == 16:
+        if with_pyramid:
+            self._build_pyramid(C, patch_size, norm_cfg)
+
+    def _build_pyramid(self, C, patch_size, norm_cfg):
+        """Taps (stride ``patch_size``) -> strides 4, 8, 16, 32 (SPEC 2.3)."""
+
+        def up():
+            return nn.ConvTranspose2d(C, C, 2, 2)
+
+        if patch_size == 16:
             self.fpn1 = nn.Sequential(up(), build_norm(norm_cfg, C), nn.GELU(), up())
             self.fpn2 = up()
             self.fpn3 = nn.Identity()
@@ -263,53 +250,18 @@ class XCiTSimA(BaseModule):
             self.fpn3 = nn.MaxPool2d(2)
             self.fpn4 = nn.MaxPool2d(4)
 
-    def _parse_arch(self, arch):
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in self.arch_zoo:
-                raise ValueError(f'Unknown XCiTSimA arch {arch!r}; choose from '
-                                 f'{sorted(self.arch_zoo)} or pass a dict')
-            return self.arch_zoo[key]
-        if not isinstance(arch, dict) or not self.essential_keys <= set(arch):
-            raise ValueError(f'Custom XCiTSimA arch needs a dict with keys '
-                             f'{sorted(self.essential_keys)}, got {arch!r}')
-        return arch
+    def adapt_checkpoint(self, state_dict):
+        return checkpoint_filter_fn(state_dict, self)
 
-    def init_weights(self):
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'], checkpoint_filter_fn,
-                            prefix=self.init_cfg.get('prefix'))
-            self._is_init = True
-            return
-        if self.init_cfg is not None:  # another mmengine initializer
-            super().init_weights()
-            return
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def _freeze_stages(self):
+    def _frozen_parts(self):
+        """The patch embedding and position encoding, then the first blocks."""
         if self.frozen_stages < 0:
-            return
-        for m in [self.patch_embed, self.pos_embeder, *self.blocks[:self.frozen_stages]]:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode=True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            eval_batch_norms(self)
-        return self
+            return [], []
+        return [self.patch_embed, self.pos_embeder,
+                *self.blocks[:self.frozen_stages]], []
 
     def forward(self, x):
-        check_input(x, self.min_input_size, 'XCiTSimA')
+        self._check_input(x)
         B = x.shape[0]
         x = self.patch_embed(x)
         Hp, Wp = x.shape[-2:]
@@ -317,10 +269,7 @@ class XCiTSimA(BaseModule):
         x = x.flatten(2).transpose(1, 2)
         taps = []
         for i, blk in enumerate(self.blocks):
-            if self.with_cp and x.requires_grad:
-                x = cp.checkpoint(blk, x, Hp, Wp, use_reentrant=False)
-            else:
-                x = blk(x, Hp, Wp)
+            x = self._run_block(blk, x, Hp, Wp)
             if i in self.out_indices:
                 taps.append(x.transpose(1, 2).reshape(B, -1, Hp, Wp))
         if not self.with_pyramid:
