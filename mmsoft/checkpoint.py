@@ -28,6 +28,7 @@ import functools
 import os
 import os.path as osp
 import pickle
+import re
 import threading
 import types
 
@@ -153,8 +154,16 @@ def is_trusted(f):
     """Whether ``f`` (a path or URL; never a file object) was trusted by the user."""
     if not isinstance(f, (str, os.PathLike)):
         return False
-    from_env = [p for p in os.environ.get(TRUSTED_ENV, '').split(os.pathsep) if p.strip()]
-    return _trust_key(f) in set(_trusted_here) | {_trust_key(p) for p in from_env}
+    return _trust_key(f) in set(_trusted_here) | {_trust_key(p) for p in _env_entries()}
+
+
+def _env_entries():
+    value = os.environ.get(TRUSTED_ENV, '')
+    if os.pathsep != ':':
+        parts = value.split(os.pathsep)
+    else:  # the colons of a URL (after its scheme, before its port) separate nothing
+        parts = re.findall(r'[A-Za-z][A-Za-z0-9+.-]*://[^/:]*(?::\d+)?[^:]*|[^:]+', value)
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _refusal(f, reason, asked_for_full_unpickling=False):
@@ -162,8 +171,9 @@ def _refusal(f, reason, asked_for_full_unpickling=False):
     shown = repr(name) if name else f'from a {type(f).__name__} object'
     msg = [f'mmsoft refused to load checkpoint {shown}: {reason}.']
     if asked_for_full_unpickling:
-        msg.append('mmengine then asked torch to unpickle it with weights_only=False; '
-                   'mmsoft does not allow that for a file nobody trusted.')
+        msg.append('mmengine asked torch to unpickle it with weights_only=False (which '
+                   'onedl-mmengine does after weights_only=True failed); mmsoft does not '
+                   'allow that for a file nobody trusted.')
     msg.append('Full unpickling runs any code a crafted checkpoint contains, so mmsoft '
                'loads checkpoints with weights_only=True plus what mmengine and timm '
                'checkpoints need.')
@@ -184,7 +194,8 @@ def _reason(err):
     lines = []
     for line in str(err).splitlines():
         line = line.split('WeightsUnpickler error:')[-1].strip()
-        if line and not line.startswith(('Weights only load failed', 'Check the documentation')):
+        if line and not line.startswith(('Weights only load failed', 'Check the documentation',
+                                         '(1) In PyTorch', '(2) Alternatively')):
             lines.append(line)
     return ' '.join(lines).rstrip('.') or type(err).__name__
 
@@ -205,17 +216,23 @@ def load(f, map_location=None, **kwargs):
             return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
     except pickle.UnpicklingError as err:
         if not is_trusted(f):
+            _last_refusal.value = (f, _reason(err))
             raise UntrustedCheckpointError(_refusal(f, _reason(err))) from err
     _warn_full_unpickling(f)
     return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
+
+
+_last_refusal = threading.local()  # (file, reason) of load()'s last refusal in the thread
 
 
 def _mmengine_torch_load(f, *args, **kwargs):
     """``torch.load`` as mmengine's checkpoint module sees it once mmsoft is imported."""
     if kwargs.get('weights_only') is False:  # onedl-mmengine's retry, or any caller
         if not is_trusted(f):
-            raise UntrustedCheckpointError(_refusal(
-                f, 'torch\'s weights_only unpickler refused it', asked_for_full_unpickling=True))
+            last, reason = getattr(_last_refusal, 'value', (None, None))
+            if last is not f:
+                reason = 'the caller asked for weights_only=False'
+            raise UntrustedCheckpointError(_refusal(f, reason, asked_for_full_unpickling=True))
         _warn_full_unpickling(f)
         return torch.load(f, *args, **kwargs)
     kwargs.pop('weights_only', None)

@@ -1,11 +1,8 @@
-"""tools/: checkpoint conversion, mini dataset generation, checkpoint safety."""
+"""tools/: checkpoint conversion, mini dataset generation."""
 import json
-import os
 import os.path as osp
-import pickle
 import sys
 
-import pytest
 import torch
 from conftest import data_path, rel_err
 
@@ -57,58 +54,3 @@ def test_mini_dataset_is_deterministic_and_valid(tmp_path):
     label = np.array(Image.open(
         tmp_path / 'a/mini_ade/annotations/training/train_00000.png'))
     assert set(np.unique(label)) <= {1, 2, 3} and len(np.unique(label)) >= 2
-
-
-class _RunsShell:
-    """A pickle payload that would run a shell command when unpickled unsafely."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f'touch {self.marker}', ))
-
-
-def _crafted_checkpoint(tmp_path):
-    marker = tmp_path / 'pwned'
-    path = tmp_path / 'evil.pth'
-    torch.save({'state_dict': {'backbone.x': torch.zeros(1)},
-                'meta': _RunsShell(marker)}, path)
-    return path, marker
-
-
-def test_malicious_checkpoint_is_refused_by_init_cfg(tmp_path):
-    from mmsoft.models import SOFT
-    path, marker = _crafted_checkpoint(tmp_path)
-    model = SOFT(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    with pytest.raises(pickle.UnpicklingError):
-        model.init_weights()
-    assert not marker.exists()
-
-
-def test_malicious_checkpoint_is_refused_by_load_from(tmp_path):
-    import mmsoft  # noqa: F401
-    from mmengine.runner import load_checkpoint
-    path, marker = _crafted_checkpoint(tmp_path)
-    with pytest.raises(pickle.UnpicklingError):
-        load_checkpoint(torch.nn.Linear(1, 1), str(path))
-    assert not marker.exists()
-
-
-def test_mmengine_checkpoint_globals_are_allow_listed():
-    """What a real mmengine checkpoint pickles loads under weights_only=True."""
-    import numpy as np
-    import mmsoft  # noqa: F401
-    from mmengine.logging import HistoryBuffer
-    import io
-    buf = HistoryBuffer()
-    buf.update(1.5)
-    obj = {'message_hub': {'log_scalars': {'loss': buf}},
-           'arr': np.arange(3, dtype=np.float32), 'scalar': np.float64(2.0),
-           'stat': getattr(HistoryBuffer, 'mean')}
-    f = io.BytesIO()
-    torch.save(obj, f)
-    f.seek(0)
-    loaded = torch.load(f)  # weights_only=True is torch's default
-    assert loaded['message_hub']['log_scalars']['loss'].current() == 1.5
-    assert loaded['arr'].tolist() == [0, 1, 2]
