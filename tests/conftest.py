@@ -44,3 +44,25 @@ def _seed():
 def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: end-to-end tests that train a model (minutes)')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU (skipped without one)')
+
+
+# The tiny archs of the parity fixtures (SPEC section 4, tests/data/*_public_*.pth).
+SOFT_FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
+                         depths=[1, 1, 2, 1])
+SIMA_FIXTURE_ARCH = dict(embed_dims=64, depth=4, num_heads=2, eta=1.0)
+
+
+@pytest.fixture
+def mmengine_log():
+    """The messages logged through mmengine's current logger during the test (mmengine's
+    logger does not propagate to the root logger, so pytest's caplog misses them)."""
+    import logging
+
+    from mmengine.logging import MMLogger
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)

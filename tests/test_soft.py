@@ -3,12 +3,12 @@ import copy
 
 import pytest
 import torch
+from conftest import SOFT_FIXTURE_ARCH as FIXTURE_ARCH
 from conftest import data_path, rel_err
 
 from mmsoft import checkpoint
 from mmsoft.models import SOFT
 
-FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
 CKPT = data_path('soft_public_checkpoint.pth')
 
 
@@ -96,6 +96,49 @@ def test_prefers_ema_weights(tmp_path):
     assert not torch.equal(ck['state_dict'][key], ck['state_dict_ema'][key])
     for k, v in own.items():
         assert torch.equal(v, ck['state_dict_ema'][k]), k
+
+
+def save_official_with(tmp_path, transform, name='ckpt.pth'):
+    """The fixture checkpoint with its EMA state dict rewritten by ``transform``."""
+    ck = checkpoint.load(CKPT)
+    torch.save({'state_dict': transform(ck['state_dict_ema'])}, tmp_path / name)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize('prefix', ['model.', 'module.encoder.'])
+def test_wrong_prefix_is_named(tmp_path, prefix):
+    """Keys under an unknown prefix match nothing: the error names the prefix and the
+    init_cfg that loads them (before, the depth check reported depths [0, 0, 0, 0])."""
+    path = save_official_with(tmp_path, lambda sd: {prefix + k: v for k, v in sd.items()})
+    model = SOFT(arch=FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(ValueError, match=rf"matches none.*prefix '{prefix}'.*"
+                       rf"prefix='{prefix}'.*Expected keys like \['pos_embed1'.*"
+                       rf"found keys like \['{prefix}pos_embed1'"):
+        model.init_weights()
+    model = fixture_model(init_cfg=dict(type='Pretrained', checkpoint=path, prefix=prefix))
+    assert torch.equal(model.block3[1].att.ff1.weight,
+                       checkpoint.load(CKPT)['state_dict_ema']['block3.1.att.ff1.weight'])
+
+
+def test_nested_state_dict_is_named(tmp_path):
+    path = save_official_with(tmp_path, lambda sd: {'model': sd})
+    model = SOFT(arch=FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(ValueError, match=r"nests further dicts under \['model'\]"):
+        model.init_weights()
+
+
+def test_ignored_checkpoint_keys_are_logged(mmengine_log):
+    """Loading the ImageNet checkpoint says that the classifier was ignored; a model that
+    stops after stage 2 also says that the stages it does not build were."""
+    fixture_model()
+    line = next(m for m in mmengine_log if 'SOFT: loaded' in m)
+    assert "loaded 135 of 137 tensors" in line
+    assert "ignored checkpoint keys: ['head.*']" in line
+    mmengine_log.clear()
+    fixture_model(out_indices=(0, 1))
+    assert any('stages 3-4 of the checkpoint are not built' in m for m in mmengine_log)
+    line = next(m for m in mmengine_log if 'SOFT: loaded' in m)
+    assert "'block3.*', 'block4.*', 'cls_token', 'head.*'" in line
 
 
 def test_depth_mismatch_is_reported():

@@ -2,12 +2,12 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SIMA_FIXTURE_ARCH as FIXTURE_ARCH
 from conftest import data_path, rel_err
 
 from mmsoft.models import XCiTSimA
 from mmsoft.models.backbones.xcit_sima import fourier_position_encoding
 
-FIXTURE_ARCH = dict(embed_dims=64, depth=4, num_heads=2, eta=1.0)
 CKPT = data_path('sima_public_checkpoint.pth')
 
 
@@ -33,31 +33,104 @@ def test_parity_with_official_checkpoint(expected):
     assert rel_err(outs[3], F.max_pool2d(expected['block3'], 2)) <= 1e-4
 
 
-def test_loads_official_xcit_file_with_temperatures(tmp_path, expected):
+def test_loads_official_xcit_file_with_temperatures(tmp_path, expected, mmengine_log):
     ck = torch.load(CKPT, weights_only=True)
     sd = dict(ck['model'])
     for i in range(4):
         sd[f'blocks.{i}.attn.temperature'] = torch.ones(2, 1, 1)
     torch.save({'model': sd}, tmp_path / 'xcit.pth')
     model = fixture_model(str(tmp_path / 'xcit.pth'))
+    assert "'blocks.*.attn.temperature'" in next(m for m in mmengine_log if 'loaded' in m)
     with torch.no_grad():
         assert rel_err(model(expected['input'])[2], expected['block2']) <= 1e-4
 
 
 def test_loads_mmengine_checkpoint(tmp_path):
     ref = fixture_model()
-    torch.save({'state_dict': {'backbone.' + k: v for k, v in ref.state_dict().items()},
-                'meta': {}}, tmp_path / 'mm.pth')
-    model = fixture_model(str(tmp_path / 'mm.pth'))
+    model = fixture_model(save_backbone(ref, tmp_path / 'mm.pth'))
     for k, v in model.state_dict().items():
         assert torch.equal(v, ref.state_dict()[k]), k
 
 
 def test_depth_mismatch_is_reported():
+    """A checkpoint with fewer blocks than the model builds."""
     model = XCiTSimA(arch=dict(FIXTURE_ARCH, depth=6), out_indices=(1, 2, 3, 5),
                      init_cfg=dict(type='Pretrained', checkpoint=CKPT))
-    with pytest.raises(ValueError, match=r'depths \[4\].*\[6\]'):
+    with pytest.raises(ValueError, match=r'has 4 blocks.*depth 6 and builds blocks 0-5'):
         model.init_weights()
+
+
+def save_backbone(model, path):
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in model.state_dict().items()},
+                'meta': {}}, path)
+    return str(path)
+
+
+def test_blocks_after_the_last_tap(tmp_path, mmengine_log):
+    """out_indices ending before the last block build fewer blocks than the arch's depth:
+    such a model loads its own checkpoint (as many blocks as it builds) and a full-depth
+    one (the blocks it does not build are ignored, with a log line); a checkpoint deeper
+    than the arch is refused."""
+    arch = dict(FIXTURE_ARCH, depth=8)
+    short = XCiTSimA(arch=arch, out_indices=(0, 1, 2, 3), drop_path_rate=0.)
+    short.init_weights()
+    own = save_backbone(short, tmp_path / 'own.pth')
+    full = XCiTSimA(arch=arch, out_indices=(1, 3, 5, 7), drop_path_rate=0.)
+    full.init_weights()
+    deep = save_backbone(full, tmp_path / 'full.pth')
+    for path, source in ((own, short), (deep, full)):
+        model = XCiTSimA(arch=arch, out_indices=(0, 1, 2, 3),
+                         init_cfg=dict(type='Pretrained', checkpoint=path))
+        model.init_weights()
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, source.state_dict()[k]), k
+    assert any('checkpoint blocks 4-7 come after the last tapped block' in m
+               for m in mmengine_log)
+    assert any("ignored checkpoint keys: ['backbone.blocks.{4-7}.*']" in m
+               for m in mmengine_log)
+    model = XCiTSimA(arch=dict(arch, depth=6), out_indices=(0, 1, 2, 3),
+                     init_cfg=dict(type='Pretrained', checkpoint=deep))
+    with pytest.raises(ValueError, match='has 8 blocks but the model arch has depth 6'):
+        model.init_weights()
+
+
+def test_checkpoint_of_another_family_is_refused():
+    """A SOFT checkpoint fits none of XCiTSimA's keys: no silent 0-tensor load."""
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3),
+                     init_cfg=dict(type='Pretrained',
+                                   checkpoint=data_path('soft_public_checkpoint.pth')))
+    with pytest.raises(ValueError, match=r"matches none of the model's \d+ parameters.*"
+                       r"Expected keys like \['patch_embed.proj.0.0.weight'.*"
+                       r"found keys like \['pos_embed1'.*'block3.0.att.mha.ff.weight'"):
+        model.init_weights()
+
+
+def test_partial_checkpoint_is_refused(tmp_path):
+    """A checkpoint that fills a small part of the model (here: the stem only) fails,
+    naming what is missing."""
+    sd = torch.load(CKPT, weights_only=True)['model']
+    torch.save({'model': {k: v for k, v in sd.items() if k.startswith('patch_embed.')}},
+               tmp_path / 'stem.pth')
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3),
+                     init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'stem.pth')))
+    with pytest.raises(ValueError, match=r"holds only \d+% of the model's parameter values"
+                       r".*missing: \['blocks.\*'"):
+        model.init_weights()
+
+
+def test_parameters_missing_from_the_checkpoint_keep_the_default_init(tmp_path,
+                                                                       mmengine_log):
+    sd = dict(torch.load(CKPT, weights_only=True)['model'])
+    del sd['blocks.3.mlp.fc1.bias']
+    torch.save({'model': sd}, tmp_path / 'hole.pth')
+    model = fixture_model(str(tmp_path / 'hole.pth'))
+    assert torch.equal(model.blocks[3].mlp.fc1.bias, torch.zeros(256))
+    line = next(m for m in mmengine_log if 'XCiTSimA: loaded' in m)
+    assert "not in the checkpoint (initialized): ['fpn1.*', 'fpn2.*', " \
+           "'blocks.*.mlp.fc1.bias']" in line
+    # classification-only parts and XCA's temperatures are reported as ignored
+    assert "ignored checkpoint keys: ['cls_attn_blocks.*', 'cls_token', 'head.*', " \
+           "'norm.*']" in line
 
 
 def test_fourier_encoding_layout():

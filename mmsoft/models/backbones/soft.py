@@ -3,12 +3,14 @@
 Module and parameter names follow the official release, so official ImageNet checkpoints
 load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head).
 """
+import logging
 import math
 from typing import Dict
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
@@ -402,14 +404,26 @@ class SOFT(Backbone):
 
 
 def checkpoint_filter_fn(state_dict, model=None):
-    """Adapt an official SOFT state dict: drop the classification head and, given a
-    ``model``, check that the depths agree before any weight is copied."""
+    """Adapt an official SOFT state dict: drop the classification head. Given a ``model``,
+    also drop the stages it does not build (``out_indices`` ending before stage 4) and
+    check that the built stages' depths agree, before any weight is copied."""
     out = {k: v for k, v in state_dict.items() if not k.startswith('head.')}
-    if model is not None:
-        ckpt_depths = []
-        for s in range(4):
-            ids = {int(k.split('.')[1]) for k in out if k.startswith(f'block{s + 1}.')}
-            ckpt_depths.append(max(ids) + 1 if ids else 0)
-        n = model.num_stages
-        check_depths(ckpt_depths[:n], model.depths[:n], 'SOFT')
+    if model is None:
+        return out
+    ckpt_depths = []
+    for s in range(4):
+        ids = {int(k.split('.')[1]) for k in out if k.startswith(f'block{s + 1}.')}
+        ckpt_depths.append(max(ids) + 1 if ids else 0)
+    n = model.num_stages
+    check_depths(ckpt_depths[:n], model.depths[:n], 'SOFT')
+    if n < 4:
+        unbuilt = tuple(f'{name}{s + 1}' for s in range(n, 4)
+                        for name in ('patch_embed', 'pos_embed', 'block'))
+        unbuilt += ('cls_token', 'norm')
+        dropped = [k for k in out if k.split('.')[0] in unbuilt]
+        if dropped:
+            print_log(f'SOFT: stages {n + 1}-4 of the checkpoint are not built (out_indices '
+                      f'end at stage {n - 1}): their {len(dropped)} tensors are ignored',
+                      logger='current', level=logging.INFO)
+        out = {k: v for k, v in out.items() if k.split('.')[0] not in unbuilt}
     return out

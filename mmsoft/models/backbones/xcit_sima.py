@@ -5,6 +5,7 @@ segmentation backbones do (SPEC 2.3).
 Module and parameter names follow the official XCiT / SimA code, so their ImageNet files
 load without renaming (``checkpoint_filter_fn`` drops the classification-only parts).
 """
+import logging
 import math
 from typing import Dict
 
@@ -15,7 +16,7 @@ from mmengine.logging import print_log
 
 from ...registry import register_model
 from ..attention import sima_attention
-from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
+from ..utils import Backbone, DropPath, Mlp, build_norm, parse_arch
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
@@ -282,22 +283,27 @@ def checkpoint_filter_fn(state_dict, model=None):
     """Adapt an official XCiT or SimA ImageNet state dict to ``model``.
 
     Drops what dense prediction does not use (``cls_token``, ``cls_attn_blocks``, ``norm``,
-    ``head``) and XCA's ``attn.temperature`` (SimA has none), in one log line; checks the
-    depth first when a ``model`` is given.
+    ``head``) and XCA's ``attn.temperature`` (SimA has none). Given a ``model``, checks the
+    number of blocks before any weight is copied: the checkpoint must hold every built
+    block (up to the last of ``out_indices``) and no more than the arch's depth; blocks
+    after the last built one are dropped, with a log line.
     """
     unused = ('cls_token', 'cls_attn_blocks.', 'norm.', 'head.')
-    kept, dropped = {}, []
-    for k, v in state_dict.items():
-        if k.startswith(unused) or k.endswith('attn.temperature'):
-            dropped.append(k)
-        else:
-            kept[k] = v
+    kept = {k: v for k, v in state_dict.items()
+            if not (k.startswith(unused) or k.endswith('attn.temperature'))}
     ids = {int(k.split('.')[1]) for k in kept if k.startswith('blocks.')}
-    if ids and model is not None:
-        check_depths([max(ids) + 1], [model.depth], 'XCiTSimA')
-    if dropped:
-        groups = sorted({k.split('.')[0] + ('.*.attn.temperature' if k.endswith(
-            'temperature') else '') for k in dropped})
-        print_log(f'XCiTSimA: dropped {len(dropped)} classification-only / XCA tensors: '
-                  f'{groups}', logger='current')
+    if model is None or not ids:
+        return kept
+    n_ckpt, built = max(ids) + 1, len(model.blocks)
+    if not built <= n_ckpt <= model.depth:
+        raise ValueError(f'XCiTSimA checkpoint has {n_ckpt} blocks but the model arch has '
+                         f'depth {model.depth} and builds blocks 0-{built - 1} (up to '
+                         f'out_indices[-1]={model.out_indices[-1]}): choose the arch the '
+                         f'checkpoint was trained with')
+    if n_ckpt > built:
+        print_log(f'XCiTSimA: checkpoint blocks {built}-{n_ckpt - 1} come after the last '
+                  f'tapped block (out_indices[-1]={model.out_indices[-1]}) and are not '
+                  f'built: ignored', logger='current', level=logging.INFO)
+        kept = {k: v for k, v in kept.items()
+                if not (k.startswith('blocks.') and int(k.split('.')[1]) >= built)}
     return kept
