@@ -3,7 +3,11 @@
 # 128x128 images, 2 classes) for 400 iterations of batch 4, evaluated with COCO bbox mAP.
 _base_ = '../soft/retinanet_soft-t_fpn_1x_coco.py'
 
-data_root = 'data/mini_coco/'
+# The generated data (tools/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
+# 'data' relative to where the command runs (the repo root in tools/quickstart.sh). From
+# anywhere else: MMSOFT_DATA=/path/to/mmsoft/data mim train mmsoft configs/_mini_/...
+# (mmengine substitutes the environment variable when it reads the config.)
+data_root = '{{$MMSOFT_DATA:data}}/mini_coco/'
 metainfo = dict(classes=('rectangle', 'ellipse'), palette=[(220, 20, 60), (0, 128, 255)])
 
 model = dict(

@@ -4,7 +4,11 @@
 # 400 iterations of batch 4, evaluated with mIoU.
 _base_ = '../soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py'
 
-data_root = 'data/mini_ade/'
+# The generated data (tools/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
+# 'data' relative to where the command runs (the repo root in tools/quickstart.sh). From
+# anywhere else: MMSOFT_DATA=/path/to/mmsoft/data mim train mmsoft configs/_mini_/...
+# (mmengine substitutes the environment variable when it reads the config.)
+data_root = '{{$MMSOFT_DATA:data}}/mini_ade/'
 metainfo = dict(classes=('background', 'rectangle', 'ellipse'),
                 palette=[(120, 120, 120), (220, 20, 60), (0, 128, 255)])
 crop_size = (128, 128)
