@@ -1,8 +1,10 @@
-"""tools/: checkpoint conversion, mini dataset generation."""
+"""tools/: checkpoint conversion, mini dataset generation, the mini configs' data root, the
+inputs of the analysis tools (images, checkpoints)."""
 import json
 import os.path as osp
 import sys
 
+import pytest
 import torch
 from conftest import data_path, rel_err
 
@@ -54,3 +56,21 @@ def test_mini_dataset_is_deterministic_and_valid(tmp_path):
     label = np.array(Image.open(
         tmp_path / 'a/mini_ade/annotations/training/train_00000.png'))
     assert set(np.unique(label)) <= {1, 2, 3} and len(np.unique(label)) >= 2
+
+
+@pytest.mark.parametrize('config', ['retinanet_soft-t_fpn_mini-coco.py',
+                                    'upernet_soft-t_mini-ade.py'])
+def test_mini_configs_find_their_data_through_mmsoft_data(config, monkeypatch):
+    from mmengine.config import Config
+    path = osp.join(ROOT, 'configs', '_mini_', config)
+    monkeypatch.delenv('MMSOFT_DATA', raising=False)
+    default = Config.fromfile(path)
+    sub = 'mini_coco' if 'coco' in config else 'mini_ade'
+    assert default.train_dataloader.dataset.data_root == f'data/{sub}/'  # as quickstart.sh
+    monkeypatch.setenv('MMSOFT_DATA', '/somewhere/data')
+    cfg = Config.fromfile(path)
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        assert cfg[loader].dataset.data_root == f'/somewhere/data/{sub}/'
+    if 'coco' in config:
+        assert cfg.val_evaluator.ann_file == \
+            '/somewhere/data/mini_coco/annotations/instances_val.json'
