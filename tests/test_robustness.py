@@ -56,11 +56,50 @@ def test_sizes_batches_and_precisions(backbones, name, hw):
 
 @pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
 def test_flat_image_is_finite(backbones, name):
-    """A constant image makes every landmark equal: the landmark kernel is singular."""
+    """Constant images (the position embeddings still tell the tokens apart, so SOFT's
+    landmark kernel is ill-conditioned here, not singular: see the next test)."""
     with torch.no_grad():
         for value in (0., 1.):
             outs = backbones[name](torch.full((2, 3, 64, 96), value))
             assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('pinv_method', ['iterative', 'spectral', 'tf32'])
+def test_equal_landmarks_singular_kernel(monkeypatch, pinv_method):
+    """All m landmarks of a head equal: A = κ(Q̃, Q̃) is the all-ones matrix, rank 1.
+    The Newton iterate converges to its Moore–Penrose inverse 11ᵀ/m² (SPEC 1.1: the zero
+    eigenvalues map to 0), so with D = m·I every row of P equal to p_i·1ᵀ gives
+    P·Â·Pᵀ·V = p·(pᵀ·V)/m: the attention of one landmark, divided by m."""
+    from mmsoft.models.attention import gaussian_kernel
+    from mmsoft.models.backbones import soft
+    landmarks, attention, calls = soft.SoftKernelAttention.landmarks, soft.soft_attention, []
+
+    def equal_landmarks(self, q, hw):
+        lm = landmarks(self, q, hw)
+        return lm.mean(-2, keepdim=True).expand_as(lm).contiguous()
+
+    def recorded(q, lm, v, **kwargs):
+        out = attention(q, lm, v, **kwargs)
+        calls.append((q, lm, v, out))
+        return out
+
+    monkeypatch.setattr(soft.SoftKernelAttention, 'landmarks', equal_landmarks)
+    monkeypatch.setattr(soft, 'soft_attention', recorded)
+    model = SOFT(arch='tiny', pinv_method=pinv_method, drop_path_rate=0.)
+    model.init_weights()
+    with torch.no_grad():
+        outs = model.eval()(torch.randn(2, 3, 128, 160))
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert len(calls) == sum(model.depths[:3])
+    for q, lm, v, out in calls:
+        lm64 = lm.double()
+        A = gaussian_kernel(lm64, lm64)
+        assert lm.shape[-2] == 20 and (torch.linalg.matrix_rank(A) == 1).all()
+        p = gaussian_kernel(q.double(), lm64[..., :1, :])  # (B, h, N, 1)
+        expected = p @ (p.transpose(-1, -2) @ v.double()) / lm.shape[-2]
+        assert torch.isfinite(out).all()
+        err = ((out.double() - expected).abs().max() / expected.abs().max()).item()
+        assert err < 1e-5, err
 
 
 @pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
