@@ -275,6 +275,15 @@ def test_history_buffer_statistics_table_is_not_replaced(tmp_path):
         HistoryBuffer._statistics_methods.update(table)
 
 
+def test_guard_is_idempotent_and_keeps_the_rest_of_torch():
+    from mmengine.runner import checkpoint
+    mmsoft_checkpoint.guard_mmengine()
+    mmsoft_checkpoint.guard_mmengine()
+    assert checkpoint.torch.__dict__['_mmsoft_real_torch'] is torch
+    assert checkpoint.torch.save is torch.save and checkpoint.torch.Tensor is torch.Tensor
+    assert not hasattr(checkpoint.load_url.__wrapped__, '_mmsoft_guarded')
+
+
 # ------------------------------------------------------------------ legitimate files
 @pytest.fixture(scope='module')
 def runner_checkpoint(tmp_path_factory):
