@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-import mmsoft  # noqa: F401
+from mmsoft.checkpoint import load as mmsoft_load
 from conftest import run, untrained_checkpoint
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -103,7 +103,7 @@ def setup(tmp_path_factory):
 
 
 def weights(path):
-    return torch.load(path, map_location='cpu')['state_dict']
+    return mmsoft_load(path, map_location='cpu')['state_dict']
 
 
 @pytest.mark.parametrize('optimizer', ['sgd', 'adamw'])

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-import mmsoft  # noqa: F401  (what the checkpoints need to load with weights_only)
+from mmsoft.checkpoint import load as mmsoft_load  # weights_only with what mmengine saves
 from conftest import run, untrained_checkpoint
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -58,7 +58,7 @@ def test_retinanet_train_resume_test(workdir):
     assert 'resumed' in log.lower() and 'iter_100.pth' in log
     iters = [int(i) for i in re.findall(r'Iter\(train\) \[ *(\d+)/200\]', log)]
     assert iters and min(iters) > 100 and max(iters) == 200, iters
-    ckpt = torch.load(wd / 'iter_200.pth', map_location='cpu')  # weights_only stays on
+    ckpt = mmsoft_load(wd / 'iter_200.pth', map_location='cpu')  # weights_only stays on
     assert ckpt['meta']['iter'] == 200
     # 3) the trained model finds the objects; the untrained one does not (measured here:
     #    0.30 bbox mAP after 200 iterations with the config's seed, 0.0 untrained)
@@ -137,8 +137,8 @@ def test_killed_training_resumes_to_the_same_weights(workdir):
     log = run(train + ['--work-dir', str(cut), '--resume'] + opts, workdir)
     iters = [int(i) for i in re.findall(r'Iter\(train\) \[ *(\d+)/16\]', log)]
     assert iters == list(range(9, 17)), iters
-    a = torch.load(full / 'iter_16.pth', map_location='cpu')
-    b = torch.load(cut / 'iter_16.pth', map_location='cpu')
+    a = mmsoft_load(full / 'iter_16.pth', map_location='cpu')
+    b = mmsoft_load(cut / 'iter_16.pth', map_location='cpu')
     for k, v in a['state_dict'].items():
         assert torch.allclose(v.float(), b['state_dict'][k].float(), rtol=0, atol=1e-6), k
     assert a['message_hub']['runtime_info']['iter'] == b['message_hub']['runtime_info']['iter']
