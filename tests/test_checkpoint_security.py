@@ -171,9 +171,8 @@ def _load_via(entry, path, tmp_path, server=None):
     from mmengine.runner import CheckpointLoader, load_checkpoint
     if entry == 'init_cfg':
         from mmsoft.models import SOFT
-        arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
-                    depths=[1, 1, 2, 1])
-        SOFT(arch=arch, init_cfg=dict(type='Pretrained', checkpoint=str(path))).init_weights()
+        from conftest import SOFT_FIXTURE_ARCH
+        SOFT(arch=SOFT_FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path))).init_weights()
     elif entry == 'load_checkpoint':
         load_checkpoint(_Toy.build(), str(path))
     elif entry == 'CheckpointLoader':
