@@ -172,7 +172,8 @@ def _load_via(entry, path, tmp_path, server=None):
     if entry == 'init_cfg':
         from mmsoft.models import SOFT
         from conftest import SOFT_FIXTURE_ARCH
-        SOFT(arch=SOFT_FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path))).init_weights()
+        SOFT(arch=SOFT_FIXTURE_ARCH,
+             init_cfg=dict(type='Pretrained', checkpoint=str(path))).init_weights()
     elif entry == 'load_checkpoint':
         load_checkpoint(_Toy.build(), str(path))
     elif entry == 'CheckpointLoader':
