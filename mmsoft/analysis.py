@@ -1,11 +1,11 @@
 """Looking inside the backbones: attention maps, Newton–Raphson convergence, inverse norms.
 
-Used by tools/analysis/*.py; every function works on a built backbone and an input batch
-and returns plain tensors / numbers, so it can be tested without files.
+Used by tools/analysis/*.py (which hold the plumbing: images, figures, options in
+tools/analysis/_common.py); every function here works on a built backbone and an input
+batch and returns plain tensors / numbers, so it can be tested without files.
 """
 import argparse
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -14,46 +14,45 @@ from .models.attention import (gaussian_kernel, newton_pinv, newton_pinv_error,
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
-IMAGENET_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_STD = (58.395, 57.12, 57.375)
 
+def soft_attention_inputs(model, x):
+    """Run ``model(x)`` and return, per SOFT kernel-attention layer, what its forward fed
+    the attention: ``{name: (module, q, landmarks, (H, W))}``.
 
-def load_image(source, short_side=None):
-    """An RGB uint8 array from a file path or a scikit-image sample name ('astronaut')."""
-    from PIL import Image
+    ``q`` (B, h, N, d) are the queries as the layer scaled them and ``landmarks``
+    (B, h, m, d) the layer's own ``landmarks(q, hw)``: they are recorded from that call
+    (the method is wrapped on the instance for the pass), not recomputed here.
+    """
+    seen = {}
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, SoftKernelAttention)]
+
+    def recording(name, mod):
+
+        def landmarks(q, hw):
+            lm = type(mod).landmarks(mod, q, hw)
+            seen[name] = (mod, q, lm, tuple(hw))
+            return lm
+
+        return landmarks
+
+    for name, mod in layers:
+        mod.landmarks = recording(name, mod)
     try:
-        img = Image.open(source).convert('RGB')
-    except (FileNotFoundError, OSError, AttributeError):
-        from skimage import data as skdata
-        if not hasattr(skdata, str(source)):
-            raise FileNotFoundError(f'{source} is neither an image file nor a '
-                                    f'scikit-image sample (e.g. astronaut, coffee, chelsea)')
-        img = Image.fromarray(getattr(skdata, source)()).convert('RGB')
-    if short_side:
-        w, h = img.size
-        s = short_side / min(w, h)
-        img = img.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BILINEAR)
-    return np.asarray(img)
+        with torch.no_grad():
+            model(x)
+    finally:
+        for _, mod in layers:
+            del mod.landmarks
+    return seen
 
 
-def to_tensor(images):
-    """(list of) HxWx3 uint8 RGB -> normalized (B, 3, H, W) float tensor (ImageNet stats)."""
-    if isinstance(images, np.ndarray):
-        images = [images]
-    x = torch.stack([torch.from_numpy(np.array(i)).permute(2, 0, 1).float()
-                     for i in images])
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return (x - mean) / std
-
-
-def _capture(model, module_type, x):
-    """Run ``model(x)`` and return {name: (module, inputs)} of every ``module_type``."""
+def _sima_inputs(model, x):
+    """Run ``model(x)`` and return {name: (module, tokens)} of every SimA attention."""
     seen, handles = {}, []
     for name, mod in model.named_modules():
-        if isinstance(mod, module_type):
+        if isinstance(mod, SimAAttention):
             handles.append(mod.register_forward_hook(
-                lambda m, inp, out, name=name: seen.__setitem__(name, (m, inp))))
+                lambda m, inp, out, name=name: seen.__setitem__(name, (m, inp[0]))))
     try:
         with torch.no_grad():
             model(x)
@@ -63,17 +62,20 @@ def _capture(model, module_type, x):
     return seen
 
 
-def _soft_kernels(mod, inputs):
-    """P (B, h, N, m), A (B, h, m, m) and the grid (H, W) of one SOFT attention call."""
-    q, _, hw = inputs
-    q = q / q.shape[-1]**0.25
-    lm = mod.landmarks(q, hw)
-    return gaussian_kernel(q, lm), gaussian_kernel(lm, lm), hw
-
-
 def soft_layers(model, x):
     """Names of the SOFT kernel-attention layers that ``model(x)`` runs, in order."""
-    return list(_capture(model, SoftKernelAttention, x))
+    return list(soft_attention_inputs(model, x))
+
+
+def sima_layers(model, x):
+    """Names of the SimA attention layers that ``model(x)`` runs, in order."""
+    return list(_sima_inputs(model, x))
+
+
+def query_token(query, hw):
+    """(row, column) of the token at ``query`` = (y, x) fractions of a (H, W) grid."""
+    H, W = hw
+    return min(int(query[0] * H), H - 1), min(int(query[1] * W), W - 1)
 
 
 @torch.no_grad()
@@ -82,19 +84,21 @@ def soft_attention_rows(model, x, layer, query):
 
     Args:
         layer (str): module name of a ``SoftKernelAttention`` (see ``soft_layers``).
-        query (tuple[float, float]): (y, x) position of the query as fractions of the image.
+        query (tuple[float, float]): (y, x) position of the query as fractions of the image;
+            the token is ``query_token(query, (H, W))``.
     Returns:
         Tensor: (B, h, H, W) attention of the query token over the layer's token grid.
     """
-    seen = _capture(model, SoftKernelAttention, x)
+    seen = soft_attention_inputs(model, x)
     if layer not in seen:
         raise KeyError(f'{layer!r} is not a SOFT attention layer; choose from {list(seen)}')
-    mod, inputs = seen[layer]
-    P, A, (H, W) = _soft_kernels(mod, inputs)
+    mod, q, lm, (H, W) = seen[layer]
+    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)  # (B, h, N, m), (B, h, m, m)
     Y = newton_pinv(A, iters=mod.newton_iters)
     if mod.normalize:
         Y = normalize_inverse(A, Y)
-    qi = min(int(query[0] * H), H - 1) * W + min(int(query[1] * W), W - 1)
+    i, j = query_token(query, (H, W))
+    qi = i * W + j
     row = (P[:, :, qi:qi + 1] @ Y) @ P.transpose(-1, -2)  # (B, h, 1, N)
     return row.reshape(*row.shape[:2], H, W)
 
@@ -106,13 +110,14 @@ def sima_token_importance(model, x, layer):
     Returns:
         tuple[Tensor, Tensor]: q and k maps, each (B, h, Hp, Wp).
     """
-    seen = _capture(model, SimAAttention, x)
+    seen = _sima_inputs(model, x)
     if layer not in seen:
         raise KeyError(f'{layer!r} is not a SimA attention layer; choose from {list(seen)}')
-    mod, (tokens, ) = seen[layer]
+    mod, tokens = seen[layer]
     B, N, C = tokens.shape
     h = mod.num_heads
     q, k, _ = mod.qkv(tokens).reshape(B, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
+    # q̂, k̂: L1-normalized over the tokens, as in sima_attention (SPEC 2.1)
     q = F.normalize(q, p=1, dim=-2).norm(dim=-1)
     k = F.normalize(k, p=1, dim=-2).norm(dim=-1)
     Hp = x.shape[-2] // model.patch_size + (x.shape[-2] % model.patch_size > 0)
@@ -129,9 +134,8 @@ def newton_convergence(model, x, iters=20):
         and the number of landmarks ``m``.
     """
     out = {}
-    for name, (mod, inputs) in _capture(model, SoftKernelAttention, x).items():
-        _, A, _ = _soft_kernels(mod, inputs)
-        A = A.double()
+    for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
+        A = gaussian_kernel(lm, lm).double()
         errs = [newton_pinv_error(A, newton_pinv(A, iters=k)).mean().item()
                 for k in range(iters + 1)]
         out[name] = dict(errors=errs, m=A.shape[-1])
@@ -147,26 +151,13 @@ def inverse_spectral_norms(model, x):
         and heads).
     """
     out = {}
-    for name, (mod, inputs) in _capture(model, SoftKernelAttention, x).items():
-        _, A, _ = _soft_kernels(mod, inputs)
-        A = A.double()
+    for name, (mod, _, lm, _) in soft_attention_inputs(model, x).items():
+        A = gaussian_kernel(lm, lm).double()
         Y = newton_pinv(A, iters=mod.newton_iters)
         plain = torch.linalg.matrix_norm(Y, ord=2).mean().item()
         normed = torch.linalg.matrix_norm(normalize_inverse(A, Y), ord=2).mean().item()
         out[name] = dict(m=A.shape[-1], plain=plain, normalized=normed)
     return out
-
-
-def overlay(image, heat, alpha=0.5, cmap='jet'):
-    """Blend a (h, w) heat map, upsampled to the image, over an HxWx3 uint8 image."""
-    import matplotlib
-    heat = torch.as_tensor(heat, dtype=torch.float32)[None, None]
-    heat = F.interpolate(heat, size=image.shape[:2], mode='bilinear', align_corners=False)
-    heat = heat[0, 0].numpy()
-    lo, hi = float(heat.min()), float(heat.max())
-    heat = (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
-    colored = matplotlib.colormaps[cmap](heat)[..., :3] * 255
-    return (image * (1 - alpha) + colored * alpha).clip(0, 255).astype(np.uint8)
 
 
 def build_backbone(backbone=None, config=None, checkpoint=None):
@@ -205,7 +196,9 @@ def tool_parser(doc):
 
 
 def add_backbone_args(parser, default='SOFT:small'):
-    """--backbone / --config / --checkpoint, the inputs of ``build_backbone``."""
+    """--backbone / --config / --checkpoint, the inputs of ``build_backbone`` (for
+    tools/deployment/export_onnx.py; the analysis tools and the demo use
+    ``add_model_args`` of tools/analysis/_common.py, which also takes a work dir)."""
     parser.add_argument('--backbone', help=f'SOFT:ARCH or XCiTSimA:ARCH (default {default})')
     parser.add_argument('--config', help='take the backbone from this config')
     parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')

@@ -58,6 +58,50 @@ def test_mini_dataset_is_deterministic_and_valid(tmp_path):
     assert set(np.unique(label)) <= {1, 2, 3} and len(np.unique(label)) >= 2
 
 
+def test_load_image_tells_missing_corrupt_and_unknown_apart(tmp_path):
+    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
+    import _common
+    with pytest.raises(FileNotFoundError, match='no such image file'):
+        _common.load_image(str(tmp_path / 'missing.jpg'))
+    corrupt = tmp_path / 'corrupt.png'
+    corrupt.write_bytes(b'\x89PNG\r\n\x1a\n' + b'not really a png')
+    with pytest.raises(ValueError, match='exists but is not a readable image'):
+        _common.load_image(str(corrupt))
+    with pytest.raises(ValueError, match='neither an image file nor a scikit-image sample'):
+        _common.load_image('no_such_sample')
+    # any other attribute of skimage.data is refused, not called (this one downloads)
+    import skimage.data
+    assert callable(skimage.data.download_all)
+    with pytest.raises(ValueError, match='astronaut, camera'):
+        _common.load_image('download_all')
+    img = _common.load_image('coffee', 100)
+    assert img.shape == (100, 150, 3) and img.dtype.name == 'uint8'
+    from PIL import Image
+    Image.fromarray(img).save(tmp_path / 'ok.png')
+    assert (_common.load_image(str(tmp_path / 'ok.png')) == img).all()
+
+
+def test_checkpoint_from_a_work_dir(tmp_path, monkeypatch):
+    """--checkpoint WORK_DIR: the file its last_checkpoint names, also when the work dir
+    was moved or the command runs elsewhere (last_checkpoint holds the training path)."""
+    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
+    import _common
+    wd = tmp_path / 'work_dirs' / 'quickstart'
+    wd.mkdir(parents=True)
+    (wd / 'iter_400.pth').write_bytes(b'')
+    (wd / 'last_checkpoint').write_text('work_dirs/quickstart/iter_400.pth')
+    monkeypatch.chdir(tmp_path)
+    assert _common.resolve_checkpoint('work_dirs/quickstart') == \
+        'work_dirs/quickstart/iter_400.pth'
+    monkeypatch.chdir(wd)
+    assert _common.resolve_checkpoint('.') == './iter_400.pth'
+    assert _common.resolve_checkpoint(None) is None
+    with pytest.raises(FileNotFoundError, match='last_checkpoint'):
+        _common.resolve_checkpoint(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match='no such checkpoint'):
+        _common.resolve_checkpoint(str(tmp_path / 'nope.pth'))
+
+
 @pytest.mark.parametrize('config', ['retinanet_soft-t_fpn_mini-coco.py',
                                     'upernet_soft-t_mini-ade.py'])
 def test_mini_configs_find_their_data_through_mmsoft_data(config, monkeypatch):

@@ -1,69 +1,99 @@
-"""Attention maps on a photo, saved as PNG overlays.
+"""Attention maps on an image, saved as PNG figures (title, colorbar, query marker).
 
-- SOFT: for a query patch, the attention row P·Â·Pᵀ over the image, one PNG per head of
-  the chosen layer (the SOFT paper's Fig. 3 / 6 style).
+- SOFT: for a query token (marked +), its attention row P·Â·Pᵀ over the image, one PNG
+  per head of the chosen layer (the SOFT paper's Fig. 3 / 6 style).
 - XCiT-SimA: SimA's token importance, the L2 norm of the normalized q̂ (and k̂) of every
   token, per head and averaged (the SimA paper's Fig. 3).
 
 Examples:
-  python tools/analysis/attention_maps.py --backbone SOFT:small --checkpoint soft_small.pth \\
-      --image astronaut --layer block3.0.att.mha.attn --query 0.3 0.45 --out-dir vis
-  python tools/analysis/attention_maps.py --config configs/xcit_sima/mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py \\
-      --checkpoint work_dirs/x/epoch_36.pth --image photo.jpg --layer blocks.7.attn --out-dir vis
+  # after bash tools/quickstart.sh: its SOFT-Tiny on a mini-set image (it saw only shapes)
+  python tools/analysis/attention_maps.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
+      --checkpoint work_dirs/quickstart --query 0.3 0.45
+  # official ImageNet weights (README, Checkpoints) on a photo
+  python tools/analysis/attention_maps.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
+      --image astronaut --layer block3.0.att.mha.attn --query 0.3 0.45
+  python tools/analysis/attention_maps.py --backbone XCiTSimA:s12 \\
+      --checkpoint checkpoints/xcit_small_12_p16_224.pth --image coffee --layer blocks.7.attn
 
 --image takes a file or a scikit-image sample name (astronaut, coffee, chelsea, rocket, ...);
---layer defaults to the first attention layer; the tool lists the valid names if it is wrong.
+its default is the config's first test image when it exists, else astronaut. --layer
+defaults to the first attention layer; the tool lists the valid names if it is wrong.
+Without --checkpoint the weights are random: the tool warns and every title says so.
+PNGs go to work_dirs/attention_maps/ unless --out-dir says otherwise.
 """
 import os
 import os.path as osp
 import sys
 
-from PIL import Image
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+import _common  # noqa: E402
+
+SIMA_RANDOM = (': untrained, the token norms mostly light up a border of the image (the '
+               'convolutions\' zero padding sets the border tokens apart), not its content')
 
 
 def main(argv=None):
     from mmsoft import analysis
     from mmsoft.models import SOFT
-    from mmsoft.models.backbones.xcit_sima import SimAAttention
 
-    parser = analysis.tool_parser(__doc__)
-    analysis.add_backbone_args(parser)
-    parser.add_argument('--image', default='astronaut', help='file or scikit-image sample')
-    parser.add_argument('--size', type=int, default=448, help='short side of the input')
+    parser = _common.tool_parser(__doc__)
+    _common.add_model_args(parser)
+    parser.add_argument('--image', help='file or scikit-image sample (default: see below)')
+    parser.add_argument('--size', type=int,
+                        help='short side of the input (default: the image\'s, at most 512)')
     parser.add_argument('--layer', help='attention module name (default: first)')
     parser.add_argument('--query', nargs=2, type=float, default=[0.5, 0.5],
                         metavar=('Y', 'X'), help='SOFT query position, fractions of H, W')
-    parser.add_argument('--out-dir', default='attention_maps')
+    parser.add_argument('--out-dir', default=osp.join('work_dirs', 'attention_maps'))
     args = parser.parse_args(argv)
+    _common.setup_logging()
 
-    model = analysis.build_backbone(args.backbone, args.config, args.checkpoint)
-    image = analysis.load_image(args.image, args.size)
-    x = analysis.to_tensor(image)
+    model, weights = _common.build_backbone(args)
+    is_soft = isinstance(model, SOFT)
+    if weights == _common.RANDOM_WEIGHTS and not is_soft:
+        _common.logger.warning('XCiT-SimA maps from random weights' + SIMA_RANDOM)
+    source = args.image or _common.default_images(args.config, 1, ['astronaut'])[0]
+    image = _common.load_image(source)
+    size = args.size or min(min(image.shape[:2]), 512)
+    if size != min(image.shape[:2]):
+        image = _common.load_image(source, size)
+    x = _common.to_tensor(image)
     os.makedirs(args.out_dir, exist_ok=True)
-    stem = osp.splitext(osp.basename(str(args.image)))[0]
-    written = []
+    stem = osp.splitext(osp.basename(str(source)))[0]
+    _common.logger.info(f'image {_common.describe(source)}, short side {size}')
+    head_line = (f'{_common.model_name(args)} · {weights} · '
+                 f'image {osp.basename(str(source))}')
+    written = {}
 
-    def save(heat, name):
+    def save(heat, name, title, label, marker=None):
+        fig = _common.map_figure(image, heat, f'{head_line}\n{title}', label, marker)
         path = osp.join(args.out_dir, f'{stem}_{name}.png')
-        Image.fromarray(analysis.overlay(image, heat)).save(path)
-        written.append(path)
+        fig.savefig(path, bbox_inches='tight', pad_inches=0.1)
+        written[path] = fig
 
-    if isinstance(model, SOFT):
+    if is_soft:
         layer = args.layer or analysis.soft_layers(model, x)[0]
         rows = analysis.soft_attention_rows(model, x, layer, args.query)[0]
+        H, W = rows.shape[-2:]
+        i, j = analysis.query_token(args.query, (H, W))
+        marker = ((i + 0.5) * image.shape[0] / H, (j + 0.5) * image.shape[1] / W)
+        qy, qx = args.query
         for h, heat in enumerate(rows):
-            save(heat, f'{layer}_q{args.query[0]:.2f}-{args.query[1]:.2f}_head{h}')
+            save(heat, f'{layer}_q{qy:.2f}-{qx:.2f}_head{h}',
+                 f'{layer} · head {h}\nattention of the query token + at '
+                 f'(y, x) = ({qy:.2f}, {qx:.2f})', 'attention weight (row of P·Â·Pᵀ)',
+                 marker)
     else:
-        layer = args.layer or next(n for n, m in model.named_modules()
-                                   if isinstance(m, SimAAttention))
+        layer = args.layer or analysis.sima_layers(model, x)[0]
         q_maps, k_maps = analysis.sima_token_importance(model, x, layer)
         for kind, maps in (('q', q_maps[0]), ('k', k_maps[0])):
+            label = rf'$\|\hat{{{kind}}}\|_2$ of the token (SimA token importance)'
             for h, heat in enumerate(maps):
-                save(heat, f'{layer}_{kind}-norm_head{h}')
-            save(maps.mean(0), f'{layer}_{kind}-norm_mean')
-    print(f'wrote {len(written)} overlays to {args.out_dir}')
+                save(heat, f'{layer}_{kind}-norm_head{h}', f'{layer} · head {h}', label)
+            save(maps.mean(0), f'{layer}_{kind}-norm_mean', f'{layer} · mean over heads',
+                 label)
+    print(f'wrote {len(written)} figures to {args.out_dir}')
     return written
 
 

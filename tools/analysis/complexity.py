@@ -14,19 +14,35 @@ both numbers:
              SimA's products are counted by mmengine already (plain matmuls)
 
 All counts are multiply-accumulates (1 MAC = 1 "FLOP" in the detection literature, as in
-the papers' tables). Usage:
+the papers' tables). The weights do not change the counts: the models are built untrained
+(no --checkpoint). The console shows a progress bar and the results; the models' own log
+lines (mmengine prints one init notice per parameter) go to --log-file.
 
-  python tools/analysis/complexity.py configs/soft/retinanet_soft-t_fpn_1x_coco.py --shape 800 1280
+Examples:
+  python tools/analysis/complexity.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py --shape 128 128
+  python tools/analysis/complexity.py --config configs/soft/retinanet_soft-t_fpn_1x_coco.py --shape 800 1280
   python tools/analysis/complexity.py --backbone SOFT:small --shape 224 224
-  python tools/analysis/complexity.py --all-configs --shape 512 512 --markdown
+  python tools/analysis/complexity.py --all-configs --shape 800 1280 --markdown
+
+RUN_TIME
 """
+import contextlib
 import glob
+import os
 import os.path as osp
 import sys
+import textwrap
 
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, ROOT)
+# Measured on a 2-core CPU (CPU seconds: SOFT-T RetinaNet 127, SOFT-L Mask R-CNN 492,
+# XCiT-SimA-S12 Mask R-CNN 33, at 800×1280).
+ALL_CONFIGS_TIME = ('--all-configs (25 configs) at 800×1280 takes about an hour on a 2-core '
+                    'CPU: 2 (SOFT-T) to 8 (SOFT-L) minutes per SOFT detection or '
+                    'segmentation config, about half a minute per XCiT-SimA config, seconds '
+                    'per ImageNet config; up to 3 GB of memory')
 
 
 def soft_attention_macs(B, h, N, m, d, iters):
@@ -42,55 +58,36 @@ def soft_attention_macs(B, h, N, m, d, iters):
     return B * h * per_head
 
 
-class _AttentionRecorder:
-    """Forward hooks on SOFT's kernel-attention modules: shapes seen in one pass."""
-
-    def __init__(self, model):
-        from mmsoft.models.backbones.soft import SoftKernelAttention
-        self.records = {}
-        self.handles = []
-        for name, mod in model.named_modules():
-            if isinstance(mod, SoftKernelAttention):
-                self.handles.append(mod.register_forward_hook(self._hook(name)))
-
-    def _hook(self, name):
-
-        def hook(mod, inputs, output):
-            q, _, hw = inputs
-            B, h, N, d = q.shape
-            r = mod.sr_ratio
-            gh, gw = hw[0] // r, hw[1] // r
-            if mod.landmark_grid is not None:
-                gh, gw = min(gh, mod.landmark_grid), min(gw, mod.landmark_grid)
-            self.records[name] = soft_attention_macs(B, h, N, gh * gw, d, mod.newton_iters)
-
-        return hook
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
+def attention_macs(model, inputs):
+    """{layer name: analytic MACs of its SOFT kernel-attention core} for ``model(inputs)``,
+    with the shapes (and so the landmark count m) the layers actually ran with."""
+    from mmsoft.analysis import soft_attention_inputs
+    out = {}
+    for name, (mod, q, landmarks, _) in soft_attention_inputs(model, inputs).items():
+        B, h, N, d = q.shape
+        out[name] = soft_attention_macs(B, h, N, landmarks.shape[-2], d, mod.newton_iters)
+    return out
 
 
 def count(model, inputs):
-    """(params, mmengine MACs, our MACs) of ``model(inputs)``."""
+    """(params, mmengine MACs, our MACs, per-layer our MACs) of ``model(inputs)``; a
+    layer's MACs are its analytic core plus its convolutions as mmengine counts them."""
     from mmengine.analysis import FlopAnalyzer
     params = sum(p.numel() for p in model.parameters())
-    recorder = _AttentionRecorder(model)
-    with torch.no_grad():
-        model(inputs)  # records the attention shapes
-    recorder.remove()
+    cores = attention_macs(model, inputs)
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
     with torch.no_grad():  # the trace runs a forward: keep autograd from holding every P
         total = analyzer.total()
         by_module = analyzer.by_module()
-    ours = total
-    for name, macs in recorder.records.items():
+    layers = {}
+    for name, macs in cores.items():
         # keep the module's convolutions (landmark conv, depthwise conv on V) as counted
         convs = by_module.get(f'{name}.Qlandmark_op', 0) + by_module.get(f'{name}.conv', 0)
-        ours += macs + convs - by_module.get(name, 0)
-    return params, total, ours
+        layers[name] = macs + convs
+    ours = total + sum(layers[n] - by_module.get(n, 0) for n in layers)
+    return params, total, ours, layers
 
 
 class _TensorForward(torch.nn.Module):
@@ -128,20 +125,56 @@ def fmt_g(x):
     return f'{x / 1e9:.1f}G'
 
 
+@contextlib.contextmanager
+def logs_to_file(path):
+    """Everything the models print while being built and counted (mmengine's log lines,
+    e.g. one init_weights notice per parameter, Python warnings, prints) goes to ``path``
+    instead of the console, where only the progress bar and the results stay."""
+    import logging
+    import warnings
+
+    from mmengine.logging import MMLogger
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f, warnings.catch_warnings(), contextlib.redirect_stdout(f):
+        warnings.showwarning = (lambda message, category, filename, lineno, file=None,
+                                line=None: f.write(warnings.formatwarning(
+                                    message, category, filename, lineno, line)))
+        # mmengine logs through its current MMLogger, whose console handler holds the
+        # real stdout: point that handler at the file.
+        handlers = [(h, h.stream) for h in MMLogger.get_current_instance().handlers
+                    if isinstance(h, logging.StreamHandler)
+                    and not isinstance(h, logging.FileHandler)]
+        for h, _ in handlers:
+            h.setStream(f)
+        try:
+            yield
+        finally:
+            for h, stream in handlers:
+                h.setStream(stream)
+
+
 def main(argv=None):
     from mmsoft.analysis import tool_parser
-    parser = tool_parser(__doc__)
-    parser.add_argument('config', nargs='*', help='config file(s)')
+    run_time = textwrap.fill('Run time: one forward pass and one traced pass per model, on '
+                             f'CPU. {ALL_CONFIGS_TIME}.', 90)
+    parser = tool_parser(__doc__.replace('RUN_TIME', run_time))
+    parser.add_argument('configs', nargs='*', metavar='CONFIG', help='config file(s)')
+    parser.add_argument('--config', action='append', default=[],
+                        help='a config file (repeatable; same as CONFIG)')
     parser.add_argument('--backbone', action='append', default=[],
-                        help='FAMILY:ARCH, e.g. SOFT:small or XCiTSimA:s12')
+                        help='FAMILY:ARCH, e.g. SOFT:small or XCiTSimA:s12 (repeatable)')
     parser.add_argument('--all-configs', action='store_true',
-                        help='every config under configs/ (except _base_ and _mini_)')
+                        help='every config under configs/ (except _base_ and _mini_); '
+                        'takes about an hour, see below')
     parser.add_argument('--shape', nargs=2, type=int, default=[800, 1280], metavar=('H', 'W'))
     parser.add_argument('--markdown', action='store_true', help='print a markdown table')
+    parser.add_argument('--log-file',
+                        default=osp.join('work_dirs', 'complexity', 'complexity.log'),
+                        help='where the models\' log lines go (default %(default)s)')
     args = parser.parse_args(argv)
     from mmsoft.analysis import build_backbone
     items = [(b, lambda b=b: build_backbone(b)) for b in args.backbone]
-    paths = list(args.config)
+    paths = list(args.configs) + list(args.config)
     if args.all_configs:
         paths += sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'),
                                              recursive=True)
@@ -151,16 +184,17 @@ def main(argv=None):
         parser.error('give config files, --backbone or --all-configs')
     h, w = args.shape
     rows = []
-    try:
-        from tqdm import tqdm
-        it = tqdm(items, desc='counting', file=sys.stderr)
-    except ImportError:
-        it = items
-    for name, builder in it:
-        model = builder()
-        shape = (h, w) if 'mmpretrain' not in name else (224, 224)
-        params, mm, ours = count(model, torch.randn(1, 3, *shape))
-        rows.append((name, shape, params, mm, ours))
+    from tqdm import tqdm
+    bar = tqdm(items, desc='counting', file=sys.stderr, unit='model')
+    print(f'log lines of the models go to {args.log_file}', file=sys.stderr)
+    with logs_to_file(args.log_file):
+        for name, builder in bar:
+            bar.set_postfix_str(name, refresh=True)
+            model = builder()
+            shape = (h, w) if 'mmpretrain' not in name else (224, 224)
+            params, mm, ours, _ = count(model, torch.randn(1, 3, *shape))
+            rows.append((name, shape, params, mm, ours))
+            del model
     if args.markdown:
         print('| model | input | params | MACs, mmengine counter | MACs, ours |')
         print('|---|---|---|---|---|')

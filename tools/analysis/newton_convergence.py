@@ -6,9 +6,18 @@
   number of landmarks m, by running the images at several sizes (``inverse_norm.csv``,
   ``inverse_norm.png``).
 
-Example:
-  python tools/analysis/newton_convergence.py --backbone SOFT:small --checkpoint soft_small.pth \\
-      --images astronaut coffee chelsea --sizes 224 320 448 640 --out-dir nr
+Examples:
+  # after bash tools/quickstart.sh: its SOFT-Tiny on mini-set images
+  python tools/analysis/newton_convergence.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
+      --checkpoint work_dirs/quickstart
+  # official ImageNet weights (README, Checkpoints) on photos
+  python tools/analysis/newton_convergence.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
+      --images astronaut coffee chelsea --sizes 224 320 448 640
+
+--images: files or scikit-image sample names; default: the config's first three test images
+when they exist, else astronaut coffee chelsea. Without --checkpoint the weights are random:
+the tool warns and the titles say so. Output goes to work_dirs/newton_convergence/ unless
+--out-dir says otherwise.
 """
 import csv
 import os
@@ -17,71 +26,104 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+
+import _common  # noqa: E402
+
+
+def convergence_figure(per_layer, iters, title):
+    """Fig. 4: mean relative error per layer against the iteration (integer ticks)."""
+    from matplotlib.ticker import MaxNLocator
+    fig = _common.figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    for layer, errs in per_layer.items():
+        ax.semilogy(range(iters + 1), np.mean(errs, axis=0), label=layer)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    ax.set_xlim(0, iters)
+    ax.set(xlabel='Newton–Raphson iteration k',
+           ylabel=r'$\|A A_k A - A\|_2 \,/\, \|A\|_2$ (mean over images, heads)',
+           title=title)
+    ax.grid(True, which='major', alpha=0.3)
+    ax.legend(fontsize=6, ncol=2 if len(per_layer) > 8 else 1)
+    return fig
+
+
+def inverse_norm_figure(norm_rows, title):
+    """Fig. 5b: mean ||A⁺||₂ against m, without and with normalization. Both log axes are
+    labelled at 1, 2, 5 × 10ᵏ in plain numbers, never at the crowded minor ticks."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    fig = _common.figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    ms = sorted({r[3] for r in norm_rows})
+    for col, label in ((4, 'without normalization'), (5, 'with normalization')):
+        ax.loglog(ms, [np.mean([r[col] for r in norm_rows if r[3] == m]) for m in ms], 'o-',
+                  label=label)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        axis.set_major_formatter(FormatStrFormatter('%g'))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel='number of landmarks m (markers: the measured m)',
+           ylabel='||A⁺||₂ (mean over layers, heads)', title=title)
+    ax.grid(True, which='major', alpha=0.3)
+    ax.legend()
+    return fig
 
 
 def main(argv=None):
     from tqdm import tqdm
 
     from mmsoft import analysis
-    parser = analysis.tool_parser(__doc__)
-    analysis.add_backbone_args(parser)
-    parser.add_argument('--images', nargs='+', default=['astronaut', 'coffee', 'chelsea'])
+    parser = _common.tool_parser(__doc__)
+    _common.add_model_args(parser)
+    parser.add_argument('--images', nargs='+', help='files or scikit-image samples')
     parser.add_argument('--size', type=int, default=224, help='short side for Fig. 4')
     parser.add_argument('--sizes', nargs='+', type=int, default=[128, 224, 320, 448],
                         help='short sides for Fig. 5b (more landmarks at larger sizes)')
     parser.add_argument('--iters', type=int, default=20)
-    parser.add_argument('--out-dir', default='newton_convergence')
+    parser.add_argument('--out-dir', default=osp.join('work_dirs', 'newton_convergence'))
     args = parser.parse_args(argv)
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    _common.setup_logging()
 
-    model = analysis.build_backbone(args.backbone, args.config, args.checkpoint)
+    model, weights = _common.build_backbone(args)
+    images = args.images or _common.default_images(args.config, 3,
+                                                   ['astronaut', 'coffee', 'chelsea'])
+    _common.logger.info('images: ' + '; '.join(_common.describe(i) for i in images))
+    names = [osp.basename(str(i)) for i in images]
     os.makedirs(args.out_dir, exist_ok=True)
+    about = f'{_common.model_name(args)} · {weights}'
 
     # Fig. 4 -------------------------------------------------------------------------
     per_layer = {}
     rows = []
-    for img in tqdm(args.images, desc='convergence', file=sys.stderr):
-        x = analysis.to_tensor(analysis.load_image(img, args.size))
+    for img, name in zip(tqdm(images, desc='convergence', file=sys.stderr), names):
+        x = _common.to_tensor(_common.load_image(img, args.size))
         for layer, r in analysis.newton_convergence(model, x, args.iters).items():
             per_layer.setdefault(layer, []).append(r['errors'])
-            rows += [(layer, img, r['m'], k, e) for k, e in enumerate(r['errors'])]
+            rows += [(layer, name, r['m'], k, e) for k, e in enumerate(r['errors'])]
     with open(osp.join(args.out_dir, 'convergence.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'landmarks', 'iteration', 'relative_error'])
         w.writerows(rows)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for layer, errs in per_layer.items():
-        ax.semilogy(range(args.iters + 1), np.mean(errs, axis=0), label=layer)
-    ax.set(xlabel='Newton–Raphson iteration k', ylabel='||A·A_k·A − A||₂ / ||A||₂',
-           title='Newton–Raphson convergence per SOFT layer')
-    ax.legend(fontsize=6)
-    fig.tight_layout()
+    fig = convergence_figure(
+        per_layer, args.iters,
+        f'Newton–Raphson convergence per SOFT layer\n{about} · {len(images)} images, '
+        f'short side {args.size}')
     fig.savefig(osp.join(args.out_dir, 'convergence.png'), dpi=120)
 
     # Fig. 5b ------------------------------------------------------------------------
     norm_rows = []
     for size in tqdm(args.sizes, desc='inverse norms', file=sys.stderr):
-        for img in args.images:
-            x = analysis.to_tensor(analysis.load_image(img, size))
+        for img, name in zip(images, names):
+            x = _common.to_tensor(_common.load_image(img, size))
             for layer, r in analysis.inverse_spectral_norms(model, x).items():
-                norm_rows.append((layer, img, size, r['m'], r['plain'], r['normalized']))
+                norm_rows.append((layer, name, size, r['m'], r['plain'], r['normalized']))
     with open(osp.join(args.out_dir, 'inverse_norm.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'short_side', 'landmarks', 'norm_pinv',
                     'norm_normalized_pinv'])
         w.writerows(norm_rows)
-    fig2, ax2 = plt.subplots(figsize=(6, 4))
-    ms = sorted({r[3] for r in norm_rows})
-    for col, label in ((4, 'without normalization'), (5, 'with normalization')):
-        ax2.loglog(ms, [np.mean([r[col] for r in norm_rows if r[3] == m]) for m in ms], 'o-',
-                   label=label)
-    ax2.set(xlabel='number of landmarks m', ylabel='||A⁺||₂ (mean over layers, heads)',
-            title='Spectral norm of the attention inverse')
-    ax2.legend()
-    fig2.tight_layout()
+    fig2 = inverse_norm_figure(norm_rows,
+                               f'Spectral norm of the attention inverse\n{about}')
     fig2.savefig(osp.join(args.out_dir, 'inverse_norm.png'), dpi=120)
     print(f'wrote convergence.csv/png and inverse_norm.csv/png to {args.out_dir}')
     return dict(convergence=per_layer, inverse_norm=norm_rows, figures=(fig, fig2))
