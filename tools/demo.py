@@ -208,7 +208,10 @@ def main(argv=None):
         _common.logger.info(f'image {_common.describe(source)}')
         image = _common.load_image(source)
         pred = infer(model, np.ascontiguousarray(image[..., ::-1]))  # BGR, as mmcv reads
-        title = f'{name} · {weights}\nimage {osp.basename(str(source))}'
+        title = f'{name} · {weights}'
+        if len(classes) <= 8:  # say what the model can find (the mini models: shapes)
+            title += f' · classes: {", ".join(classes)}'
+        title += f'\nimage {osp.basename(str(source))}'
         if osp.basename(str(source)) in _common.SAMPLES:
             title += f' ({_common.SAMPLES[source]})'
         if scope == 'mmdet':
@@ -223,7 +226,7 @@ def main(argv=None):
             from PIL import Image
             Image.fromarray(seg.astype(np.uint8)).save(osp.join(pred_dir, stem + '.png'))
             results[stem] = seg
-        fig.savefig(osp.join(vis_dir, stem + '.png'))
+        fig.savefig(osp.join(vis_dir, stem + '.png'), bbox_inches='tight', pad_inches=0.05)
         figures[stem] = fig
     print(f'wrote {len(images)} pictures to {vis_dir} and predictions to {pred_dir}')
     return dict(predictions=results, figures=figures)

@@ -41,8 +41,8 @@ def convergence_figure(per_layer, iters, title):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlim(0, iters)
     ax.set(xlabel='Newton–Raphson iteration k',
-           ylabel=r'$\|A A_k A - A\|_2 \,/\, \|A\|_2$ (mean over images, heads)',
-           title=title)
+           ylabel=r'$\|A A_k A - A\|_2 \,/\, \|A\|_2$ (mean over images, heads)')
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which='major', alpha=0.3)
     ax.legend(fontsize=6, ncol=2 if len(per_layer) > 8 else 1)
     return fig
@@ -63,7 +63,8 @@ def inverse_norm_figure(norm_rows, title):
         axis.set_major_formatter(FormatStrFormatter('%g'))
         axis.set_minor_formatter(NullFormatter())
     ax.set(xlabel='number of landmarks m (markers: the measured m)',
-           ylabel='||A⁺||₂ (mean over layers, heads)', title=title)
+           ylabel=r'$\|A^+\|_2$ (mean over layers, heads)')
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which='major', alpha=0.3)
     ax.legend()
     return fig
