@@ -266,6 +266,14 @@ def test_demo_on_the_mini_sets_own_images(tmp_path, monkeypatch):
     res = demo.main(['astronaut', '--config', MINI_DET, '--out-dir', str(tmp_path / 'out')])
     title = res['figures']['astronaut'].get_suptitle()
     assert 'a photo of a person' in title and 'RANDOM WEIGHTS' in title
+    assert 'classes: rectangle, ellipse' in title
+
+
+def test_demo_points_the_old_positional_form_to_the_options(capsys):
+    import demo
+    with pytest.raises(SystemExit):
+        demo.main(['astronaut', MINI_DET, 'work_dirs/quickstart/iter_400.pth'])
+    assert f'--config {MINI_DET}' in capsys.readouterr().err
 
 
 def test_demo_labels_stay_inside_and_apart():

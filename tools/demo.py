@@ -159,6 +159,12 @@ def main(argv=None):
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detections below this score are not drawn')
     args = parser.parse_args(argv)
+    if args.config is None:
+        configs = [i for i in args.image if i.endswith('.py')]
+        if configs:  # the positional form of earlier versions: IMAGE CONFIG CHECKPOINT
+            parser.error(f'give the config as --config {configs[0]} and the weights as '
+                         '--checkpoint FILE_OR_WORK_DIR')
+        parser.error('the following arguments are required: --config')
     _common.setup_logging()
 
     import mmsoft  # noqa: F401  (registers the backbones before the model is built)

@@ -144,7 +144,7 @@ def add_model_args(parser, backbone='SOFT:small'):
                             help=f'SOFT:ARCH or XCiTSimA:ARCH (default {backbone})')
         parser.add_argument('--config', help='take the backbone from this config')
     else:
-        parser.add_argument('--config', required=True, help='detector or segmentor config')
+        parser.add_argument('--config', help='detector or segmentor config (required)')
     parser.add_argument('--checkpoint',
                         help='weights: a .pth (official, mmengine or converted) or a work '
                         'dir (its last_checkpoint); without it the weights are RANDOM and '
