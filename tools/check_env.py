@@ -125,18 +125,23 @@ def _mmsoft():
 
 
 def _mim():
-    try:
-        from mim.utils import get_installed_path
-    except ImportError:
-        return WARN, 'openmim not installed (mim train/test mmsoft)', 'pip install openmim'
-    try:
-        tools = os.path.join(get_installed_path('mmsoft'), '.mim', 'tools', 'train.py')
-    except Exception:  # noqa: BLE001 - mmsoft not installed as a distribution
-        tools = None
-    if not tools or not os.path.isfile(tools):
-        return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
-            'install mmsoft: pip install -e . (in the repository)')
-    return OK, 'mim finds mmsoft/.mim/tools', None
+    """Where `mim train mmsoft` finds the tools: asked in a fresh interpreter outside the
+    repository, as mim's console script runs (a clone's mmsoft.egg-info in the working
+    directory would otherwise shadow the installed metadata)."""
+    import subprocess
+    code = 'from mim.utils import get_installed_path; print(get_installed_path("mmsoft"))'
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         cwd=os.path.expanduser('~'))
+    if res.returncode != 0 and 'No module named' in res.stderr and "'mim'" in res.stderr:
+        return WARN, 'mim not installed (mim train/test mmsoft)', \
+            'pip install openmim (or onedl-mim)'
+    root = res.stdout.strip().splitlines()[-1] if res.returncode == 0 else ''
+    # openmim: <package>/.mim/tools; onedl-mim also falls back to <root>/tools (editable)
+    for tools in (os.path.join(root, '.mim', 'tools'), os.path.join(root, 'tools')):
+        if root and os.path.isfile(os.path.join(tools, 'train.py')):
+            return OK, f'mim finds mmsoft\'s tools in {tools}', None
+    return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
+        'install mmsoft: pip install -e . (in the repository)')
 
 
 def checks():

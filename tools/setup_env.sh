@@ -34,14 +34,14 @@ fail() { printf '[setup_env] ERROR: %s\n' "$*" >&2; exit 1; }
 case "$STACK" in
   openmmlab)
     MMCV_DIST=mmcv; MMCV_VERSION=2.1.0; MMCV_SDIST=mmcv-2.1.0
-    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9
+    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9; MIM_PINS=""
     # torch 2.14 declares setuptools>=77; mmcv's setup.py needs pkg_resources (<82); below
     # 80, `pip install -e .` is a classic develop install (an egg-link to this folder),
     # which is where openmim 0.3.9 looks for mmsoft/.mim/{configs,tools}.
     SETUPTOOLS="setuptools>=77,<80"; MIN_PY=8 ;;
   onedl)
     MMCV_DIST=onedl-mmcv; MMCV_VERSION=2.3.6; MMCV_SDIST=onedl_mmcv-2.3.6
-    REQUIREMENTS="$ROOT/requirements/onedl.txt"; MIM=onedl-mim==0.5.1
+    REQUIREMENTS="$ROOT/requirements/onedl.txt"; MIM=onedl-mim==0.5.1; MIM_PINS="pandas==2.2.3"
     # onedl-mim declares setuptools>=80 (it reads PEP 660 editable installs); the mmcv
     # build still needs pkg_resources (<82).
     SETUPTOOLS="setuptools>=80,<82"; MIN_PY=10 ;;
@@ -107,7 +107,8 @@ say "installing the $STACK mmengine, mmdet, mmsegmentation, mmpretrain and test 
 # mim's own requirements pull opendatalab/openxlab, which downgrade setuptools below what
 # torch needs; mim train/test work without them.
 "${PIP[@]}" install -q --no-deps "$MIM"
-"${PIP[@]}" install -q -r "$ROOT/requirements/mim.txt"
+# shellcheck disable=SC2086  # MIM_PINS: what this mim pins among those requirements
+"${PIP[@]}" install -q -r "$ROOT/requirements/mim.txt" $MIM_PINS
 
 say "installing mmsoft in editable mode"
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
