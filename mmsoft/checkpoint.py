@@ -111,7 +111,11 @@ def safe_globals():
         finally:
             serialization.clear_safe_globals()
             serialization.add_safe_globals(before)
-            changed = HistoryBuffer._statistics_methods != table
+            # Unpickling a HistoryBuffer fills in its own four statistics (mmengine's
+            # __setstate__), also in a fresh process whose table is still empty.
+            expected = {name: getattr(HistoryBuffer, name) for name in HISTORY_BUFFER_STATISTICS}
+            expected.update(table)
+            changed = HistoryBuffer._statistics_methods not in (table, expected)
             if changed:
                 HistoryBuffer._statistics_methods.clear()
                 HistoryBuffer._statistics_methods.update(table)

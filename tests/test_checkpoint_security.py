@@ -326,6 +326,19 @@ def test_runner_checkpoint_loads(runner_checkpoint, tmp_path, http_server):
             assert 'state' in loaded['optimizer']
 
 
+def test_runner_checkpoint_loads_in_a_fresh_process(runner_checkpoint):
+    """In a fresh process HistoryBuffer's statistics table is still empty and unpickling
+    fills in its own four methods: that is not tampering (tools/test.py after training)."""
+    code = ('import sys, mmsoft.checkpoint as c; from mmengine.logging import HistoryBuffer\n'
+            'assert not HistoryBuffer._statistics_methods\n'
+            'ck = c.load(sys.argv[1], map_location="cpu")\n'
+            'print(ck["meta"]["iter"], sorted(HistoryBuffer._statistics_methods))')
+    res = subprocess.run([sys.executable, '-c', code, str(runner_checkpoint)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-5:] == ['2', "['current',", "'max',", "'mean',", "'min']"]
+
+
 def test_timm_checkpoint_loads(timm_checkpoint, tmp_path, http_server):
     os.link(timm_checkpoint, tmp_path / 'timm.pth')
     for entry in ['CheckpointLoader', 'CheckpointLoader_url', 'mmsoft.checkpoint.load']:
