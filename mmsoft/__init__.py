@@ -6,11 +6,12 @@ backbones and routes mmengine's checkpoint loading through ``mmsoft.checkpoint``
 refused (also where onedl-mmengine would retry them with ``weights_only=False``).
 """
 from .checkpoint import guard_mmengine
-from .compat import warn_known_conflicts
+from .compat import onedl_config_scopes, warn_known_conflicts
 from .version import __version__
 
 guard_mmengine()
 warn_known_conflicts()  # e.g. transformers >= 5 beside mmpretrain 1.2, which breaks mmdet
+onedl_config_scopes()  # mmseg:: base configs on the OneDL stack
 
 from .models import SOFT, XCiTSimA  # noqa: E402
 from . import engine  # noqa: E402,F401  (registers CPUDistributedDataParallel)

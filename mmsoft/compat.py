@@ -6,7 +6,9 @@ cannot be imported.
 import warnings
 from importlib import metadata
 
-__all__ = ['installed_version', 'transformers_trap', 'warn_known_conflicts']
+__all__ = [
+    'installed_version', 'onedl_config_scopes', 'transformers_trap', 'warn_known_conflicts'
+]
 
 
 def installed_version(*names):
@@ -54,3 +56,35 @@ def warn_known_conflicts():
     trap = transformers_trap()
     if trap:
         warnings.warn('mmsoft: ' + trap, RuntimeWarning, stacklevel=3)
+
+
+# mmengine resolves ``mmseg::x.py`` through the *distribution* named in its MODULE2PACKAGE
+# table ('mmsegmentation'); the OneDL continuation renamed the distributions
+# (onedl-mmsegmentation, ...), so onedl-mmengine 0.10.12 reports "mmsegmentation is not
+# installed" for every mmseg:: base config. mmdet and mmpretrain resolve through their
+# module names and are not affected.
+_ONEDL_DISTRIBUTIONS = {'mmdet': 'onedl-mmdetection', 'mmseg': 'onedl-mmsegmentation',
+                        'mmpretrain': 'onedl-mmpretrain'}
+
+
+def onedl_config_scopes():
+    """Point mmengine's ``scope::`` config lookup at the OneDL distributions where only
+    those are installed. Returns the scopes changed (for the log and tests)."""
+    import importlib.util
+    try:
+        from mmengine.config import utils as config_utils
+    except ImportError:
+        return []
+    table = getattr(config_utils, 'MODULE2PACKAGE', None)
+    if table is None:
+        return []
+    changed = []
+    for scope, onedl in _ONEDL_DISTRIBUTIONS.items():
+        dist = table.get(scope)
+        if dist is None or installed_version(dist) or installed_version(onedl) is None:
+            continue
+        if dist.replace('-', '_') == scope and importlib.util.find_spec(scope) is not None:
+            continue  # resolved through the module name
+        table[scope] = onedl
+        changed.append(scope)
+    return changed

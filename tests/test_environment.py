@@ -75,3 +75,21 @@ def test_transformers_5_beside_mmpretrain(tmp_path):
     assert 'fix: transformers' in check.stdout and 'pip install "transformers<5"' in check.stdout
     warn = subprocess.run([py, '-c', 'import mmsoft'], capture_output=True, text=True, env=env)
     assert warn.returncode == 0 and 'transformers<5' in warn.stderr
+
+
+def test_onedl_distributions_resolve_mmseg_scope(monkeypatch):
+    """With only onedl-mmsegmentation installed, mmseg:: base configs resolve through it
+    (onedl-mmengine looks the scope up by the old distribution name)."""
+    from mmengine.config import utils as config_utils
+    from mmsoft import compat
+    table = dict(config_utils.MODULE2PACKAGE, mmseg='mmsegmentation')  # mmengine's own
+    monkeypatch.setattr(config_utils, 'MODULE2PACKAGE', table)
+    onedl = {'onedl-mmsegmentation': '1.4.2', 'onedl-mmdetection': '3.5.1'}
+    monkeypatch.setattr(compat, 'installed_version', lambda *n: onedl.get(n[0]))
+    assert compat.onedl_config_scopes() == ['mmseg']
+    assert table['mmseg'] == 'onedl-mmsegmentation' and table['mmdet'] == 'mmdet'
+    # the OpenMMLab stack: nothing to change
+    table['mmseg'] = 'mmsegmentation'
+    monkeypatch.setattr(compat, 'installed_version', lambda *n: '1.2.2'
+                        if n[0] == 'mmsegmentation' else None)
+    assert compat.onedl_config_scopes() == [] and table['mmseg'] == 'mmsegmentation'
