@@ -4,7 +4,6 @@ Used by tools/analysis/*.py (which hold the plumbing: images, figures, options i
 tools/analysis/_common.py); every function here works on a built backbone and an input
 batch and returns plain tensors / numbers, so it can be tested without files.
 """
-import argparse
 
 import torch
 import torch.nn.functional as F
@@ -185,23 +184,6 @@ def build_backbone(backbone=None, config=None, checkpoint=None):
     model = cls(**cfg)
     model.init_weights()
     return model.eval()
-
-
-def tool_parser(doc):
-    """An argument parser for a tool whose module docstring is ``doc``: first paragraph
-    as description, the rest (examples) as epilog."""
-    first, _, rest = doc.partition('\n\n')
-    return argparse.ArgumentParser(description=first, epilog=rest,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-def add_backbone_args(parser, default='SOFT:small'):
-    """--backbone / --config / --checkpoint, the inputs of ``build_backbone`` (for
-    tools/deployment/export_onnx.py; the analysis tools and the demo use
-    ``add_model_args`` of tools/analysis/_common.py, which also takes a work dir)."""
-    parser.add_argument('--backbone', help=f'SOFT:ARCH or XCiTSimA:ARCH (default {default})')
-    parser.add_argument('--config', help='take the backbone from this config')
-    parser.add_argument('--checkpoint', help='weights (official, mmengine or converted)')
 
 
 def build_model_from_config(cfg):

@@ -3,6 +3,7 @@ random-weights warning and the figure of one map over an image.
 
 The math they run lives in ``mmsoft.analysis``; this module is only the plumbing around it.
 """
+import argparse
 import glob
 import logging
 import os.path as osp
@@ -15,7 +16,6 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from mmsoft.analysis import tool_parser  # noqa: E402,F401
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -114,6 +114,14 @@ def dataset_images(config, num):
 def default_images(config, num, samples):
     """The model's own data when the config names images that exist, else the samples."""
     return (dataset_images(config, num) if config else []) or list(samples[:num])
+
+
+def tool_parser(doc):
+    """An argument parser for a tool whose module docstring is ``doc``: first paragraph
+    as description, the rest (examples) as epilog."""
+    first, _, rest = doc.partition('\n\n')
+    return argparse.ArgumentParser(description=first, epilog=rest,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def resolve_checkpoint(path):

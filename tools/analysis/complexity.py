@@ -154,7 +154,7 @@ def logs_to_file(path):
 
 
 def main(argv=None):
-    from mmsoft.analysis import tool_parser
+    from _common import tool_parser
     run_time = textwrap.fill('Run time: one forward pass and one traced pass per model, on '
                              f'CPU. {ALL_CONFIGS_TIME}.', 90)
     parser = tool_parser(__doc__.replace('RUN_TIME', run_time))

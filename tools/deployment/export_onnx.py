@@ -19,7 +19,9 @@ import warnings
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))  # _common: the tools' shared options
 
 
 def export(model, path, sample_hw=(224, 224), opset=17):
@@ -68,9 +70,9 @@ def check(model, path, sizes):
 
 
 def main(argv=None):
-    from mmsoft import analysis
-    parser = analysis.tool_parser(__doc__)
-    analysis.add_backbone_args(parser)
+    import _common
+    parser = _common.tool_parser(__doc__)
+    _common.add_model_args(parser)
     parser.add_argument('--out', default=None,
                         help='output .onnx file (default: work_dirs/onnx/<model>.onnx)')
     parser.add_argument('--opset', type=int, default=17)
@@ -80,7 +82,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.opset < 17:
         parser.error('--opset must be >= 17 (LayerNormalization)')
-    model = analysis.build_backbone(args.backbone, args.config, args.checkpoint)
+    model, _ = _common.build_backbone(args)
     if args.out is None:
         name = (osp.splitext(osp.basename(args.config))[0] if args.config
                 else args.backbone.replace(':', '_').lower())
