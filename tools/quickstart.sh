@@ -15,7 +15,16 @@ PY="$VENV/bin/python"
 if [ ! -f data/mini_coco/annotations/instances_val.json ] || [ ! -d data/mini_ade ]; then
   "$PY" tools/make_mini_dataset.py --out data
 fi
-"$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR"
+# The console shows progress, results and errors; the full output (environment, config,
+# every log line) goes to $WORK_DIR/quickstart.log.
+mkdir -p "$WORK_DIR"
+LOG="$WORK_DIR/quickstart.log"
+SHOW='Iter\((train|test)\)|Saving checkpoint|bbox_mAP|mIoU|Error|error:|Traceback|Exception'
+echo "[quickstart] training $CONFIG (full log: $LOG)"
+"$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR" 2>&1 | tee "$LOG" \
+  | { grep -E --line-buffered "$SHOW" || true; }
 CKPT="$(cat "$WORK_DIR/last_checkpoint")"
-"$PY" tools/test.py "$CONFIG" "$CKPT" --work-dir "$WORK_DIR/test"
-echo "[quickstart] trained checkpoint: $CKPT; metrics above and in $WORK_DIR/test"
+echo "[quickstart] evaluating $CKPT"
+"$PY" tools/test.py "$CONFIG" "$CKPT" --work-dir "$WORK_DIR/test" 2>&1 | tee -a "$LOG" \
+  | { grep -E --line-buffered "$SHOW" || true; }
+echo "[quickstart] trained checkpoint: $CKPT; metrics above and in $WORK_DIR/test; full log: $LOG"
