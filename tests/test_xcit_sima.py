@@ -29,8 +29,10 @@ def test_parity_with_official_checkpoint(expected):
     with torch.no_grad():
         outs = model(expected['input'])
     assert [tuple(o.shape[-2:]) for o in outs] == [(24, 32), (12, 16), (6, 8), (3, 4)]
-    assert rel_err(outs[2], expected['block2']) <= 1e-4
-    assert rel_err(outs[3], F.max_pool2d(expected['block3'], 2)) <= 1e-4
+    # 0.0 measured on this project's CPU (the same float32 operations as the official
+    # code); 1e-6 leaves room for another BLAS
+    assert rel_err(outs[2], expected['block2']) <= 1e-6
+    assert rel_err(outs[3], F.max_pool2d(expected['block3'], 2)) <= 1e-6
 
 
 def test_loads_official_xcit_file_with_temperatures(tmp_path, expected, mmengine_log):
