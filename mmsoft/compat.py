@@ -33,7 +33,7 @@ def transformers_trap(transformers=None, mmpretrain=None):
     """The explanation and fix, if mmpretrain's multimodal models break mmdet here; None
     otherwise. Versions default to what is installed.
 
-    mmpretrain 1.2.0 (and older) imports its multimodal models when transformers >= 4.28 is
+    mmpretrain 1.2.0 (and older, and onedl-mmpretrain 1.3.6) imports its multimodal models when transformers >= 4.28 is
     installed. With transformers >= 5 that import fails, mmpretrain sets the missing base
     class to None and subclasses it: ``TypeError: NoneType takes no arguments``. mmdet
     imports mmpretrain whenever it is installed, so every detector config fails.
@@ -42,8 +42,8 @@ def transformers_trap(transformers=None, mmpretrain=None):
     mmpretrain = mmpretrain or installed_version('mmpretrain', 'onedl-mmpretrain')
     if not transformers or not mmpretrain or _numbers(transformers, 1)[0] < 5:
         return None
-    if _numbers(mmpretrain) > [1, 2]:
-        return None  # not known to be affected
+    if _numbers(mmpretrain) > [1, 3]:
+        return None  # not known to be affected (1.2.0 and onedl's 1.3.6 are: tested)
     return (f'transformers {transformers} is installed beside mmpretrain {mmpretrain}, '
             'whose multimodal models need transformers < 5: importing mmdet.models (and '
             'mmpretrain.models) then fails with "TypeError: NoneType takes no arguments". '

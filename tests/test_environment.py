@@ -13,7 +13,7 @@ sys.path.insert(0, osp.join(ROOT, 'tools'))
 
 @pytest.mark.parametrize('transformers,mmpretrain,trapped', [
     ('5.17.0', '1.2.0', True), ('5.0.0rc1', '1.0.0', True), ('4.57.6', '1.2.0', False),
-    ('5.17.0', '1.3.6', False)])
+    ('5.17.0', '1.3.6', True), ('5.17.0', '1.4.0', False)])
 def test_transformers_trap_rule(transformers, mmpretrain, trapped):
     from mmsoft.compat import transformers_trap
     msg = transformers_trap(transformers, mmpretrain)

@@ -166,7 +166,7 @@ def checks():
         except Exception as e:  # noqa: BLE001 - one line per broken component
             results.append((FAIL, f'{name}: {type(e).__name__}: {e}', None))
     if trap and not any(trap == fix for _, _, fix in results):
-        results.append((WARN, 'transformers >= 5 beside mmpretrain <= 1.2', trap))
+        results.append((WARN, 'transformers >= 5 beside mmpretrain <= 1.3', trap))
     return results
 
 
