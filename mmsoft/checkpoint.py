@@ -113,7 +113,8 @@ def safe_globals():
             serialization.add_safe_globals(before)
             # Unpickling a HistoryBuffer fills in its own four statistics (mmengine's
             # __setstate__), also in a fresh process whose table is still empty.
-            expected = {name: getattr(HistoryBuffer, name) for name in HISTORY_BUFFER_STATISTICS}
+            expected = {name: getattr(HistoryBuffer, name)
+                        for name in HISTORY_BUFFER_STATISTICS}
             expected.update(table)
             changed = HistoryBuffer._statistics_methods not in (table, expected)
             if changed:
@@ -211,19 +212,33 @@ def _warn_full_unpickling(f):
               level=30)
 
 
+def _weights_only_first(source, call):
+    """``call(True)`` (weights_only) inside :func:`safe_globals`; what that refuses is
+    ``call(False)`` (full unpickling) only if ``source`` :func:`is_trusted`, else
+    :class:`UntrustedCheckpointError` says why and how to opt in."""
+    try:
+        with safe_globals():
+            return call(True)
+    except pickle.UnpicklingError as err:
+        if not is_trusted(source):
+            _last_refusal.value = (source, _reason(err))
+            raise UntrustedCheckpointError(_refusal(source, _reason(err))) from err
+    _warn_full_unpickling(source)
+    return call(False)
+
+
+def _refuse_unless_trusted(source, reason):
+    """An explicit ``weights_only=False`` request for an untrusted ``source``."""
+    if not is_trusted(source):
+        raise UntrustedCheckpointError(_refusal(source, reason, asked_for_full_unpickling=True))
+
+
 def load(f, map_location=None, **kwargs):
     """``torch.load(f, weights_only=True)`` with mmsoft's allow-list; what it refuses is
     unpickled in full only if :func:`is_trusted`, else :class:`UntrustedCheckpointError`
     (an ``UnpicklingError``) says why and how to opt in."""
-    try:
-        with safe_globals():
-            return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
-    except pickle.UnpicklingError as err:
-        if not is_trusted(f):
-            _last_refusal.value = (f, _reason(err))
-            raise UntrustedCheckpointError(_refusal(f, _reason(err))) from err
-    _warn_full_unpickling(f)
-    return torch.load(f, map_location=map_location, weights_only=False, **kwargs)
+    return _weights_only_first(f, lambda weights_only: torch.load(
+        f, map_location=map_location, weights_only=weights_only, **kwargs))
 
 
 _last_refusal = threading.local()  # (file, reason) of load()'s last refusal in the thread
@@ -232,11 +247,9 @@ _last_refusal = threading.local()  # (file, reason) of load()'s last refusal in 
 def _mmengine_torch_load(f, *args, **kwargs):
     """``torch.load`` as mmengine's checkpoint module sees it once mmsoft is imported."""
     if kwargs.get('weights_only') is False:  # onedl-mmengine's retry, or any caller
-        if not is_trusted(f):
-            last, reason = getattr(_last_refusal, 'value', (None, None))
-            if last is not f:
-                reason = 'the caller asked for weights_only=False'
-            raise UntrustedCheckpointError(_refusal(f, reason, asked_for_full_unpickling=True))
+        last, reason = getattr(_last_refusal, 'value', (None, None))
+        _refuse_unless_trusted(f, reason if last is f else
+                               'the caller asked for weights_only=False')
         _warn_full_unpickling(f)
         return torch.load(f, *args, **kwargs)
     kwargs.pop('weights_only', None)
@@ -249,18 +262,10 @@ def _mmengine_torch_load(f, *args, **kwargs):
 
 def _mmengine_load_url(original, url, *args, **kwargs):
     """mmengine's ``load_url`` (torch.hub's, whose default is weights_only=False)."""
-    if kwargs.get('weights_only') is False and not is_trusted(url):
-        raise UntrustedCheckpointError(_refusal(
-            url, 'the caller asked for weights_only=False', asked_for_full_unpickling=True))
-    kwargs.pop('weights_only', None)
-    try:
-        with safe_globals():
-            return original(url, *args, weights_only=True, **kwargs)
-    except pickle.UnpicklingError as err:
-        if not is_trusted(url):
-            raise UntrustedCheckpointError(_refusal(url, _reason(err))) from err
-    _warn_full_unpickling(url)
-    return original(url, *args, weights_only=False, **kwargs)
+    if kwargs.pop('weights_only', None) is False:
+        _refuse_unless_trusted(url, 'the caller asked for weights_only=False')
+    return _weights_only_first(url, lambda weights_only: original(
+        url, *args, weights_only=weights_only, **kwargs))
 
 
 class _GuardedTorch(types.ModuleType):
