@@ -221,34 +221,41 @@ def _spectral_filter(lam, alpha, iters):
 class _NewtonInverse:
     """The T-step iterate Y of A (..., m, m), kept in whichever form is cheaper to apply.
 
-    'iterative' / 'tf32' keep Y itself; 'spectral' keeps A's eigenvectors U and v_T of its
-    eigenvalues, Y = U·diag(v)·Uᵀ, which is applied to a thin matrix without forming Y.
+    'iterative' / 'tf32' keep Y itself (``factors`` = (Y,)); 'spectral' keeps A's
+    eigenvectors U and v_T of its eigenvalues (``factors`` = (U, v)), Y = U·diag(v)·Uᵀ,
+    which is applied to a thin matrix without forming Y. The factors are plain tensors,
+    so an autograd Function can save them for backward (``save_for_backward``).
     """
 
-    def __init__(self, A, iters, method, nonnegative):
+    def __init__(self, method, *factors):
+        self.method, self.factors = method, factors
+
+    @classmethod
+    def of(cls, A, iters, method, nonnegative):
         alpha = newton_alpha(A, nonnegative=nonnegative)
-        self.method = method
         if method == 'spectral':
-            lam, self.U = torch.linalg.eigh(A)
-            self.v = _spectral_filter(lam, alpha, iters)
-        else:
-            m = A.shape[-1]
-            A3 = A.reshape(-1, m, m)
-            V = alpha.reshape(-1, 1, 1) * A3
-            low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
-            V = _newton_steps(A3, V, low, tf32=True)
-            self.Y = _newton_steps(A3, V, iters - low).reshape(A.shape)
+            lam, U = torch.linalg.eigh(A)
+            return cls(method, U, _spectral_filter(lam, alpha, iters))
+        m = A.shape[-1]
+        A3 = A.reshape(-1, m, m)
+        V = alpha.reshape(-1, 1, 1) * A3
+        low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
+        V = _newton_steps(A3, V, low, tf32=True)
+        return cls(method, _newton_steps(A3, V, iters - low).reshape(A.shape))
 
     def matrix(self):
         if self.method == 'spectral':
-            return (self.U * self.v.unsqueeze(-2)) @ self.U.transpose(-1, -2)
-        return self.Y
+            U, v = self.factors
+            return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+        return self.factors[0]
 
     def apply(self, Z, transpose=False):
         """Y·Z (or Yᵀ·Z) for Z of shape (..., m, n)."""
         if self.method == 'spectral':
-            return self.U @ (self.v.unsqueeze(-1) * (self.U.transpose(-1, -2) @ Z))
-        return (self.Y.transpose(-1, -2) if transpose else self.Y) @ Z
+            U, v = self.factors
+            return U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ Z))
+        Y = self.factors[0]
+        return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
 
 def _iterate_apply(A, Z, iters, method, nonnegative):
@@ -268,7 +275,7 @@ class _NewtonPinv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A, iters, method, nonnegative):
-        Y = _NewtonInverse(A, iters, method, nonnegative).matrix()
+        Y = _NewtonInverse.of(A, iters, method, nonnegative).matrix()
         ctx.save_for_backward(Y)
         return Y
 
@@ -289,17 +296,16 @@ class _NewtonPinvApply(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A, Z, iters, method, nonnegative):
-        inv = _NewtonInverse(A, iters, method, nonnegative)
+        inv = _NewtonInverse.of(A, iters, method, nonnegative)
         W = inv.apply(Z)
-        ctx.inv = inv
-        ctx.save_for_backward(W)
+        ctx.method = method
+        ctx.save_for_backward(W, *inv.factors)
         return W
 
     @staticmethod
     def backward(ctx, grad_W):
-        W, = ctx.saved_tensors
-        grad_Z = ctx.inv.apply(grad_W, transpose=True)
-        del ctx.inv
+        W, *factors = ctx.saved_tensors
+        grad_Z = _NewtonInverse(ctx.method, *factors).apply(grad_W, transpose=True)
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None
 
 
