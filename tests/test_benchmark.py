@@ -39,6 +39,37 @@ def test_benchmark_sections(tmp_path, capsys):
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
 
 
+def test_compile_rows(tmp_path, capsys, monkeypatch):
+    """--compile times SOFT-S and Swin-T under torch.compile(mode=...) next to eager, and
+    the compiling first call is a warm-up even with --repeat 0. (torch.compile is
+    replaced by a recorder here; that SOFT traces is tested in test_soft.py.)"""
+    import torch
+
+    from tools import benchmark
+    modes, calls = [], []
+
+    def fake_compile(model, mode=None):
+        modes.append(mode)
+
+        def run(x):
+            calls.append(type(model).__name__)
+            return model(x)
+
+        return run
+
+    monkeypatch.setattr(torch, 'compile', fake_compile)
+    out = tmp_path / 'c.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'train', '--sizes', '64x64',
+                    '--repeat', '0', '--train-batch', '1', '--compile', 'reduce-overhead',
+                    '--json', str(out)])
+    rows, printed = json.loads(out.read_text())['train'], capsys.readouterr().out
+    for name in ('SOFT-S', 'Swin-T'):
+        assert rows[f'{name} [compiled: reduce-overhead]']['64x64'] > 0
+        assert f"{name} with torch.compile(mode='reduce-overhead') is " in printed
+    assert modes == ['reduce-overhead'] * 2
+    assert calls == ['SOFT'] * 2 + ['SwinTransformer'] * 2  # warm-up + one timed run
+
+
 @pytest.mark.slow
 def test_benchmark_scaling_plot(tmp_path):
     from tools import benchmark

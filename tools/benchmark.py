@@ -19,6 +19,10 @@ Sections (``--sections``, default all):
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
 
+``--compile MODE`` adds SOFT-S and Swin-T wrapped in ``torch.compile(mode=MODE)`` to the
+speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
+'max-autotune'); the first, compiling call of each is not timed.
+
 "official order" is our own re-implementation of the official SOFT code's computation
 order (P computed twice, (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations); its outputs
 equal the reference, only its cost differs.
@@ -113,24 +117,35 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
-def measure(model, size, device, repeat, train=False, official=False, batch=1):
-    """Median seconds of forward (or forward+backward) of a batch."""
+def measure(model, size, device, repeat, train=False, official=False, batch=1,
+            compile_mode=None):
+    """Median seconds of forward (or forward+backward) of a batch.
+
+    The first run is a warm-up (untimed) unless ``repeat`` is 0; with ``compile_mode``
+    (``torch.compile(model, mode=compile_mode)``) the compiling first run is never timed.
+    """
     model = model.to(device)
     model.train(train)
+    run = model
+    if compile_mode:
+        run = torch.compile(model, mode=compile_mode)
+        repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
     ctx = _OfficialOrder() if official else _Null()
     with ctx:
         for i in range(repeat + 1):
+            if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
+                torch.compiler.cudagraph_mark_step_begin()
             _sync(device)
             t0 = time.perf_counter()
             if train:
-                outs = model(x)
+                outs = run(x)
                 sum(o.float().mean() for o in outs).backward()
                 model.zero_grad(set_to_none=True)
             else:
                 with torch.no_grad():
-                    model(x)
+                    run(x)
             _sync(device)
             if i > 0 or repeat == 0:
                 times.append(time.perf_counter() - t0)
@@ -184,6 +199,7 @@ def section_speed(args, out):
                 # above 600² one warm-up and one timed run (it is slow on a CPU)
                 min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
                 official=True)
+        _measure_compiled(args, rows, size, hw, train=False)
         print(f'  measured {size}', flush=True)
     lines = ['| backbone | ' + ' | '.join(args.sizes) + ' | ' +
              ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
@@ -198,11 +214,37 @@ def section_speed(args, out):
             lines.append(f'SOFT-S (default mode) is '
                          f'{_faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
                          f'the official computation order at {s}.')
+    lines += _compiled_lines(args, rows)
     for s in args.sizes:
         ratio = rows['XCiT-SimA-S12/16 trunk'][s] / rows['XCiT-S12/16 (mmpretrain)'][s]
         lines.append(f'XCiT-SimA-S12/16 trunk / MMPretrain XCiT-S12/16 at {s}: {ratio:.2f} '
                      '(both without a pyramid; the pyramid adds its transposed convolutions).')
     out['speed'] = rows
+    return lines
+
+
+def _measure_compiled(args, rows, size, hw, train, batch=1):
+    """--compile: SOFT-S (default mode) and Swin-T under torch.compile, rows
+    'NAME [compiled: MODE]'."""
+    if not args.compile:
+        return
+    for name in ('SOFT-S', 'Swin-T'):
+        rows.setdefault(f'{name} [compiled: {args.compile}]', {})[size] = measure(
+            build(name), hw, args.device, args.repeat, train=train, batch=batch,
+            compile_mode=args.compile)
+
+
+def _compiled_lines(args, rows, eager=None):
+    """What torch.compile changed, per model and size (eager time / compiled time)."""
+    if not args.compile:
+        return []
+    lines = ['']
+    for name in ('SOFT-S', 'Swin-T'):
+        eager_row = rows[(eager or {}).get(name, name)]
+        compiled_row = rows[f'{name} [compiled: {args.compile}]']
+        for s in args.sizes:
+            lines.append(f'{name} with torch.compile(mode={args.compile!r}) is '
+                         f'{_faster(eager_row[s], compiled_row[s])} eager at {s}.')
     return lines
 
 
@@ -221,6 +263,7 @@ def section_train(args, out):
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
                                                       args.repeat, train=True, batch=b)
+        _measure_compiled(args, rows, size, hw, train=True, batch=b)
     lines = [f'| forward+backward, batch {b} (train mode) | ' + ' | '.join(args.sizes) +
              ' | ' + ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
              '|---|' + '---|' * (2 * len(args.sizes))]
@@ -228,6 +271,7 @@ def section_train(args, out):
         lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' | ' +
                      ' | '.join(f'{r[s] / rows["Swin-T"][s]:.2f}×' for s in args.sizes) +
                      ' |')
+    lines += _compiled_lines(args, rows, eager={'SOFT-S': 'SOFT-S [auto]'})
     out['train'] = rows
     return lines
 
@@ -513,6 +557,9 @@ def main(argv=None):
     parser.add_argument('--series', type=int, metavar='K',
                         help='scaling: only the first K series (SOFT-S default, SOFT-S '
                         'grid16, XCiT-SimA, PVT-S softmax, Swin-T)')
+    parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
+                        help='speed and train: also time SOFT-S and Swin-T under '
+                        'torch.compile with this mode')
     parser.add_argument('--plot', help='write the scaling plot to this PNG')
     parser.add_argument('--json', help='write all numbers to this JSON file')
     args = parser.parse_args(argv)
