@@ -8,14 +8,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import data_path, untrained_checkpoint
+from conftest import SIMA_FIXTURE_ARCH, SOFT_FIXTURE_ARCH, data_path, untrained_checkpoint
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 for sub in ('tools', 'tools/analysis', 'tools/deployment'):
     sys.path.insert(0, osp.join(ROOT, sub))
 
 MINI_DET = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
-SOFT_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
 
 
 @pytest.fixture(scope='module')
@@ -23,10 +22,10 @@ def fixture_configs(tmp_path_factory):
     """Backbone configs of the two parity fixtures (tiny official-format checkpoints)."""
     d = tmp_path_factory.mktemp('cfg')
     (d / 'soft.py').write_text(
-        f"model = dict(backbone=dict(type='SOFT', arch={SOFT_ARCH!r}))\n")
+        f"model = dict(backbone=dict(type='SOFT', arch={SOFT_FIXTURE_ARCH!r}))\n")
     (d / 'sima.py').write_text(
-        "model = dict(backbone=dict(type='XCiTSimA', arch=dict(embed_dims=64, depth=4, "
-        "num_heads=2, eta=1.0), out_indices=(0, 1, 2, 3)))\n")
+        f"model = dict(backbone=dict(type='XCiTSimA', arch={SIMA_FIXTURE_ARCH!r}, "
+        "out_indices=(0, 1, 2, 3)))\n")
     return {'soft': ['--config', str(d / 'soft.py'), '--checkpoint',
                      data_path('soft_public_checkpoint.pth')],
             'sima': ['--config', str(d / 'sima.py'), '--checkpoint',
@@ -200,7 +199,7 @@ def test_complexity_matches_a_hand_count():
     from mmengine.analysis import FlopAnalyzer
 
     from mmsoft.models import SOFT
-    model = SOFT(arch=SOFT_ARCH).eval()
+    model = SOFT(arch=SOFT_FIXTURE_ARCH).eval()
     x = torch.randn(1, 3, 64, 64)
     params, mm, ours, layers = complexity.count(model, x)
     assert layers == HAND_MACS
@@ -214,7 +213,7 @@ def test_complexity_matches_a_hand_count():
     assert params == sum(p.numel() for p in model.parameters())
 
     # bounded landmarks: one landmark per head (queries pooled to r×r, one r×r window)
-    bounded = SOFT(arch=SOFT_ARCH, landmark_grid=1).eval()
+    bounded = SOFT(arch=SOFT_FIXTURE_ARCH, landmark_grid=1).eval()
     layers = complexity.count(bounded, x)[3]
     assert layers['block1.0.att.mha.attn'] == ((3 * 256 * 32 + 2 * 32 + 41) * 1
                                                + 1 * 1 * 32 * 32 * 64 + 32 * 1 * 256 * 81)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import data_path, rel_err
+from conftest import SOFT_FIXTURE_ARCH, data_path, rel_err
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.join(ROOT, 'tools'))
@@ -20,8 +20,7 @@ def test_convert_soft_checkpoint(tmp_path):
     ckpt = torch.load(out)  # plain weights_only load: nothing but tensors inside
     assert all(k.startswith('backbone.') for k in ckpt['state_dict'])
     assert not any(k.startswith('backbone.head.') for k in ckpt['state_dict'])
-    arch = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], depths=[1, 1, 2, 1])
-    model = SOFT(arch=arch, init_cfg=dict(type='Pretrained', checkpoint=str(out)))
+    model = SOFT(arch=SOFT_FIXTURE_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(out)))
     model.init_weights()
     expected = torch.load(data_path('soft_public_expected.pth'))
     with torch.no_grad():
