@@ -70,6 +70,29 @@ def test_compile_rows(tmp_path, capsys, monkeypatch):
     assert calls == ['SOFT'] * 2 + ['SwinTransformer'] * 2  # warm-up + one timed run
 
 
+def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
+    """--rounds K measures every model once per round, in turn, and reports the median of
+    its K times (a slow phase of a shared machine then hits all models, not one)."""
+    from tools import benchmark
+    order = []
+
+    def fake_measure(model, size, device, repeat, **kwargs):
+        order.append(model)
+        return float(len(order))  # the k-th measurement takes k seconds
+
+    monkeypatch.setattr(benchmark, 'build', lambda name, mode='auto': name)
+    monkeypatch.setattr(benchmark, 'measure', fake_measure)
+    out = tmp_path / 'r.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'speed', '--sizes', '64x64',
+                    '--skip-official', '--rounds', '3', '--json', str(out)])
+    rows = json.loads(out.read_text())['speed']
+    n = len(rows)
+    assert n >= 7 and len(order) == 3 * n
+    assert order[:n] == order[n:2 * n] == order[2 * n:]  # the same sequence each round
+    for i, name in enumerate(order[:n]):  # times i+1, n+i+1, 2n+i+1: median n+i+1
+        assert rows[name]['64x64'] == n + i + 1
+
+
 @pytest.mark.slow
 def test_benchmark_scaling_plot(tmp_path):
     from tools import benchmark

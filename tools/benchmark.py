@@ -5,7 +5,8 @@ Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), the iterate applied to a thin matrix (inference),
            eigh, and on CUDA the TF32 schedule
-  speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios
+  speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
+           ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
            Swin-T at ``--train-batch`` images (2 by default, as a detector trains per
            GPU): a training step without the optimizer
@@ -187,20 +188,26 @@ def _faster(t_other, t_ours):
 def section_speed(args, out):
     names = ['SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
              'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)']
-    rows = {}
-    for size in args.sizes:
-        hw = parse_size(size)
-        for name in names:
-            rows.setdefault(name, {})[size] = measure(build(name), hw, args.device,
-                                                      args.repeat)
-        if not args.skip_official:
-            rows.setdefault('SOFT-S official order', {})[size] = measure(
-                build('SOFT-S', 'official order'), hw, args.device,
-                # above 600² one warm-up and one timed run (it is slow on a CPU)
-                min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
-                official=True)
-        _measure_compiled(args, rows, size, hw, train=False)
-        print(f'  measured {size}', flush=True)
+    rounds = {}  # name -> size -> [seconds per round]
+    for r in range(args.rounds):
+        for size in args.sizes:
+            hw = parse_size(size)
+            timed = {}
+            for name in names:
+                timed[name] = measure(build(name), hw, args.device, args.repeat)
+            if not args.skip_official:
+                timed['SOFT-S official order'] = measure(
+                    build('SOFT-S', 'official order'), hw, args.device,
+                    # above 600² one warm-up and one timed run (it is slow on a CPU)
+                    min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
+                    official=True)
+            timed.update(_measure_compiled(args, hw, train=False))
+            for name, t in timed.items():
+                rounds.setdefault(name, {}).setdefault(size, []).append(t)
+            print(f'  measured {size}' + (f' (round {r + 1}/{args.rounds})'
+                                          if args.rounds > 1 else ''), flush=True)
+    rows = {name: {s: float(np.median(ts)) for s, ts in r.items()}
+            for name, r in rounds.items()}
     lines = ['| backbone | ' + ' | '.join(args.sizes) + ' | ' +
              ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
              '|---|' + '---|' * (2 * len(args.sizes))]
@@ -223,15 +230,14 @@ def section_speed(args, out):
     return lines
 
 
-def _measure_compiled(args, rows, size, hw, train, batch=1):
-    """--compile: SOFT-S (default mode) and Swin-T under torch.compile, rows
-    'NAME [compiled: MODE]'."""
+def _measure_compiled(args, hw, train, batch=1):
+    """--compile: {'NAME [compiled: MODE]': seconds} for SOFT-S (default mode) and Swin-T
+    under torch.compile; {} without --compile."""
     if not args.compile:
-        return
-    for name in ('SOFT-S', 'Swin-T'):
-        rows.setdefault(f'{name} [compiled: {args.compile}]', {})[size] = measure(
-            build(name), hw, args.device, args.repeat, train=train, batch=batch,
-            compile_mode=args.compile)
+        return {}
+    return {f'{name} [compiled: {args.compile}]': measure(
+        build(name), hw, args.device, args.repeat, train=train, batch=batch,
+        compile_mode=args.compile) for name in ('SOFT-S', 'Swin-T')}
 
 
 def _compiled_lines(args, rows, eager=None):
@@ -263,7 +269,8 @@ def section_train(args, out):
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
                                                       args.repeat, train=True, batch=b)
-        _measure_compiled(args, rows, size, hw, train=True, batch=b)
+        for name, t in _measure_compiled(args, hw, train=True, batch=b).items():
+            rows.setdefault(name, {})[size] = t
     lines = [f'| forward+backward, batch {b} (train mode) | ' + ' | '.join(args.sizes) +
              ' | ' + ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
              '|---|' + '---|' * (2 * len(args.sizes))]
@@ -545,6 +552,10 @@ def main(argv=None):
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
     parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='speed: measure every model this many times, in turn, and '
+                        'report the median per model (on a shared machine, drift then '
+                        'affects all models alike instead of the ratios)')
     parser.add_argument('--train-batch', type=int, default=2,
                         help='images per training step in the train and memory sections')
     parser.add_argument('--pinv-sizes', nargs='+', type=int,
