@@ -218,6 +218,18 @@ def _spectral_filter(lam, alpha, iters):
                        a * lam * float(2**iters))
 
 
+def _iteration_start(A, iters, method, nonnegative):
+    """Where the float32 steps of 'iterative' / 'tf32' begin: (A3, V, steps) with A as
+    (b, m, m), V = V₀ = αA ('iterative') or V after the TF32 steps ('tf32'), and the
+    number of float32 steps still to run."""
+    alpha = newton_alpha(A, nonnegative=nonnegative)
+    m = A.shape[-1]
+    A3 = A.reshape(-1, m, m)
+    V = alpha.reshape(-1, 1, 1) * A3
+    low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
+    return A3, _newton_steps(A3, V, low, tf32=True), iters - low
+
+
 class _NewtonInverse:
     """The T-step iterate Y of A (..., m, m), kept in whichever form is cheaper to apply.
 
@@ -232,16 +244,12 @@ class _NewtonInverse:
 
     @classmethod
     def of(cls, A, iters, method, nonnegative):
-        alpha = newton_alpha(A, nonnegative=nonnegative)
         if method == 'spectral':
             lam, U = torch.linalg.eigh(A)
+            alpha = newton_alpha(A, nonnegative=nonnegative)
             return cls(method, U, _spectral_filter(lam, alpha, iters))
-        m = A.shape[-1]
-        A3 = A.reshape(-1, m, m)
-        V = alpha.reshape(-1, 1, 1) * A3
-        low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
-        V = _newton_steps(A3, V, low, tf32=True)
-        return cls(method, _newton_steps(A3, V, iters - low).reshape(A.shape))
+        A3, V, steps = _iteration_start(A, iters, method, nonnegative)
+        return cls(method, _newton_steps(A3, V, steps).reshape(A.shape))
 
     def matrix(self):
         if self.method == 'spectral':
@@ -260,14 +268,9 @@ class _NewtonInverse:
 
 def _iterate_apply(A, Z, iters, method, nonnegative):
     """Y·Z without Y (no gradient needed): T + (TF32 steps) products instead of 2T."""
-    alpha = newton_alpha(A, nonnegative=nonnegative)
+    A3, V, steps = _iteration_start(A, iters, method, nonnegative)
     m, n = A.shape[-1], Z.shape[-1]
-    A3 = A.reshape(-1, m, m)
-    V = alpha.reshape(-1, 1, 1) * A3
-    low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
-    V = _newton_steps(A3, V, low, tf32=True)
-    W = _apply_steps(A3, V, Z.reshape(-1, m, n), iters - low)
-    return W.reshape(Z.shape)
+    return _apply_steps(A3, V, Z.reshape(-1, m, n), steps).reshape(Z.shape)
 
 
 class _NewtonPinv(torch.autograd.Function):
