@@ -34,9 +34,10 @@ def transformers_trap(transformers=None, mmpretrain=None):
     otherwise. Versions default to what is installed.
 
     mmpretrain 1.2.0 (and older, and onedl-mmpretrain 1.3.6) imports its multimodal models
-    when transformers >= 4.28 is installed. With transformers >= 5 that import fails, mmpretrain sets the missing base
-    class to None and subclasses it: ``TypeError: NoneType takes no arguments``. mmdet
-    imports mmpretrain whenever it is installed, so every detector config fails.
+    when transformers >= 4.28 is installed. With transformers >= 5 that import fails,
+    mmpretrain sets the missing base class to None and subclasses it: ``TypeError:
+    NoneType takes no arguments``. mmdet imports mmpretrain whenever it is installed, so
+    every detector config fails.
     """
     transformers = transformers or installed_version('transformers')
     mmpretrain = mmpretrain or installed_version('mmpretrain', 'onedl-mmpretrain')
