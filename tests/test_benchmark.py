@@ -14,13 +14,16 @@ sys.path.insert(0, ROOT)
 def test_benchmark_sections(tmp_path, capsys):
     from tools import benchmark
     out = tmp_path / 'b.json'
-    benchmark.main(['--device', 'cpu', '--sections', 'pinv,speed,train,modes', '--sizes',
-                    '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes', '16', '130',
-                    '--json', str(out)])
+    benchmark.main(['--device', 'cpu', '--sections', 'pinv,dwconv,speed,train,modes',
+                    '--sizes', '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes',
+                    '16', '130', '--train-batch', '1', '--json', str(out)])
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert '| backbone | 64x64 |' in printed and '| mode | what |' in printed
     assert set(res['pinv']) == {'16', '130'}
+    assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
+                                  for step in ('forward', 'train')}
+    assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
     for row in res['speed'].values():
         assert row['64x64'] > 0
     assert {'SOFT-S', 'Swin-T', 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)'} <= set(

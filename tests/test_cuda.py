@@ -12,6 +12,7 @@ from test_soft import fixture_model
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import soft_attention
+from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT
 
 pytestmark = [
     pytest.mark.cuda,
@@ -37,6 +38,17 @@ def test_parity_on_cuda(pinv_method):
         outs = model(expected['input'].cuda())
     for out, name in zip(outs, ['stage1', 'stage2', 'stage3', 'stage4_norm']):
         assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, pinv_method)
+
+
+@pytest.mark.parametrize('layout', ['images', 'channels'])
+def test_parity_on_cuda_in_both_local_conv_layouts(layout, monkeypatch):
+    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cuda', layout)
+    expected = torch.load(data_path('soft_public_expected.pth'))
+    model = fixture_model().cuda()
+    with torch.no_grad():
+        outs = model(expected['input'].cuda())
+    for out, name in zip(outs, ['stage1', 'stage2', 'stage3', 'stage4_norm']):
+        assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, layout)
 
 
 def test_training_gradients_on_cuda_equal_cpu():

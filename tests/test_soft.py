@@ -3,11 +3,13 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import SOFT_FIXTURE_ARCH as FIXTURE_ARCH
 from conftest import data_path, rel_err
 
 from mmsoft import checkpoint
 from mmsoft.models import SOFT
+from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT, HeadSharedConv
 
 CKPT = data_path('soft_public_checkpoint.pth')
 
@@ -53,6 +55,46 @@ def test_parity_with_official_checkpoint(expected, pinv_method):
 @pytest.mark.parametrize('iters', [19, 21])
 def test_parity_tolerance_tells_newton_steps_apart(expected, iters):
     assert max_parity_error(expected, newton_iters=iters) > PARITY_TOL
+
+
+@pytest.mark.parametrize('layout', ['images', 'channels'])
+def test_parity_in_both_local_conv_layouts(expected, layout, monkeypatch):
+    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cpu', layout)
+    assert max_parity_error(expected) <= PARITY_TOL
+
+
+def test_local_conv_layouts_compute_the_official_conv(monkeypatch):
+    """Both layouts of the depthwise conv on V give the values and gradients of a conv of
+    every (head, channel) map with its head's filter; the device table picks the layout."""
+    torch.manual_seed(0)
+    B, h, d, (H, W), k = 2, 3, 4, (7, 9), 5
+    conv = HeadSharedConv(h, d, k).double()
+    # V as the projection makes it: (B, N, h, d) memory viewed as (B, h, N, d)
+    v0 = torch.randn(B, H * W, h, d, dtype=torch.float64).transpose(1, 2)
+    grad_out = torch.randn(B, h, H * W, d, dtype=torch.float64)
+
+    def reference(v):  # one map at a time: (B, 1, H, W) with the head's (1, 1, k, k)
+        maps = v.transpose(-1, -2).reshape(B, h, d, 1, H, W)
+        out = torch.stack([torch.stack([
+            F.conv2d(maps[:, i, j], conv.weight[i:i + 1], padding=k // 2)
+            for j in range(d)], 2) for i in range(h)], 1)  # (B, h, d, 1, H, W)
+        return out.reshape(B, h, d, H * W).transpose(-1, -2)
+
+    v = v0.clone().requires_grad_()
+    ref = reference(v)
+    ref_grads = torch.autograd.grad((ref * grad_out).sum(), (v, conv.weight))
+    for layout in ('images', 'channels'):
+        v = v0.clone().requires_grad_()
+        out = conv(v, (H, W), layout)
+        out.backward(grad_out)
+        for got, want in zip((out, v.grad, conv.weight.grad), (ref, *ref_grads)):
+            assert torch.allclose(got, want, rtol=1e-12, atol=1e-12), layout
+        conv.zero_grad()
+    with pytest.raises(ValueError, match='layout'):
+        conv(v0, (H, W), 'bogus')
+    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cpu', 'bogus')  # no layout: the table's
+    with pytest.raises(ValueError, match='bogus'):
+        conv(v0, (H, W))
 
 
 def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch):

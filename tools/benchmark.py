@@ -5,6 +5,9 @@ Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), the iterate applied to a thin matrix (inference),
            eigh, and on CUDA the TF32 schedule
+  dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
+           both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
+           ``--train-batch``): what ``LOCAL_CONV_LAYOUT`` should say for the device
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
@@ -539,8 +542,61 @@ def section_pinv(args, out):
     return lines
 
 
-SECTIONS = {'pinv': section_pinv, 'speed': section_speed, 'train': section_train,
-            'modes': section_modes, 'memory': section_memory, 'scaling': section_scaling}
+def section_dwconv(args, out):
+    """SOFT-S's depthwise conv on V, stages 1-3, in both layouts of ``HeadSharedConv``."""
+    from mmsoft.models.backbones.soft import HeadSharedConv
+    layouts = ('images', 'channels')
+    lines = ['| size | stage | step | ' + ' | '.join(layouts) + ' | images / channels |',
+             '|---|---|---|---|---|---|']
+    rows = {}
+    soft = build('SOFT-S')
+    for size in args.sizes:
+        H, W = parse_size(size)
+        for s in range(3):
+            h, d = soft.num_heads[s], soft.embed_dims[s] // soft.num_heads[s]
+            stride = 4 * 2**s
+            hw = (-(-H // stride), -(-W // stride))
+            conv = HeadSharedConv(h, d, soft.dwconv_sizes[s]).to(args.device)
+            for step, batch in (('forward', 1), ('train', args.train_batch)):
+                # V as the block makes it: the (B, N, h·d) projection viewed per head
+                v = torch.randn(batch, hw[0] * hw[1], h, d, device=args.device)
+                v = v.transpose(1, 2).requires_grad_(step == 'train')
+                t = {}
+                for layout in layouts:
+                    t[layout] = _time_call(args, lambda: _dwconv_step(conv, v, hw, layout,
+                                                                      step == 'train'))
+                rows[f'{size} stage{s + 1} {step}'] = t
+                lines.append(f'| {size} | {s + 1} | {step} (batch {batch}) | '
+                             + ' | '.join(fmt(t[k]) for k in layouts)
+                             + f' | {t["images"] / t["channels"]:.2f} |')
+    out['dwconv'] = rows
+    lines.append(f'\nLOCAL_CONV_LAYOUT on {args.device}: the faster column (both compute the '
+                 'same sums).')
+    return lines
+
+
+def _dwconv_step(conv, v, hw, layout, train):
+    if not train:
+        with torch.no_grad():
+            return conv(v, hw, layout)
+    conv(v, hw, layout).sum().backward()
+    conv.zero_grad(set_to_none=True)
+    v.grad = None
+
+
+def _time_call(args, fn, runs=3):
+    """Mean seconds of ``fn()`` over ``runs`` calls after one untimed warm-up call."""
+    fn()
+    _sync(args.device)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    _sync(args.device)
+    return (time.perf_counter() - t0) / runs
+
+
+SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'speed': section_speed,
+            'train': section_train, 'modes': section_modes, 'memory': section_memory, 'scaling': section_scaling}
 
 
 def main(argv=None):
@@ -548,7 +604,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--sections', default='pinv,speed,train,modes,memory,scaling')
+    parser.add_argument('--sections',
+                        default='pinv,dwconv,speed,train,modes,memory,scaling')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
