@@ -87,7 +87,7 @@ def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, monk
     """A⁺ applied without forming it and P recomputed in backward (in one chunk or in
     row chunks): same values and Eq. 16 gradients as forming both and keeping P."""
     if chunk:
-        monkeypatch.setattr(attention.soft, 'KERNEL_CHUNK_ELEMENTS', chunk)
+        monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (chunk, None))
     q = (torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5).requires_grad_()
     v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
@@ -224,7 +224,7 @@ def test_bad_arguments_raise():
 @pytest.mark.parametrize('transpose', [False, True])
 def test_kernel_matmul_gradcheck(transpose, monkeypatch):
     """κ(q, l)·w and κ(q, l)ᵀ·w with P recomputed chunk by chunk in backward."""
-    monkeypatch.setattr(attention.soft, 'KERNEL_CHUNK_ELEMENTS', 2 * 3 * 7 * 4)  # 6 chunks
+    monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (2 * 3 * 7 * 4, None))  # 6 chunks
     q = (torch.randn(2, 3, 23, 5, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(2, 3, 7, 5, dtype=torch.float64) * 0.5).requires_grad_()
     w = torch.randn(2, 3, 23 if transpose else 7, 4, dtype=torch.float64,
@@ -253,6 +253,32 @@ def test_training_does_not_keep_the_kernel():
     assert saved and max(saved) <= 2 * 2 * N * d < 2 * 2 * N * m, saved
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, lm, v))
+
+
+@pytest.mark.parametrize('once_up_to', [None, 2 * 3 * 50 * 12 - 1])
+def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch):
+    """Without gradients P is made whole up to the device's ``once_up_to`` elements and
+    in row chunks above it (computed twice, never whole); the output is the same."""
+    q = torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5
+    lm = torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5
+    v = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    ref = soft_attention(q, lm, v)
+    rows = []
+
+    def recording_kernel(a, b):
+        rows.append(a.shape[-2])
+        return gaussian_kernel(a, b)
+
+    monkeypatch.setattr(attention.soft, 'gaussian_kernel', recording_kernel)
+    monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (2 * 3 * 12 * 20, once_up_to))
+    with torch.no_grad():
+        out = soft_attention(q, lm, v)
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-13)
+    P_rows = [r for r in rows if r != 12]  # the m×m landmark kernel aside
+    if once_up_to is None:
+        assert P_rows == [50]
+    else:  # two passes over chunks of 20, 20 and 10 rows
+        assert P_rows == [20, 20, 10] * 2
 
 
 @pytest.mark.parametrize('method', ['iterative', 'tf32'])

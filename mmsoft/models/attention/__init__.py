@@ -10,6 +10,8 @@ SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
     ``PINV_METHODS`` / ``PINV_AUTO``  the ways to compute the iterate, and which one
                              'auto' runs per device (``newton.py``)
+    ``KERNEL_PLAN``          per device: the chunk size of P, and up to which size P is
+                             formed once without gradients (``soft.py``)
 
 SimA (SPEC 2.1):
     ``sima_attention``       L1-normalized q, k over tokens, no softmax
@@ -21,10 +23,10 @@ from .newton import (PINV_AUTO, PINV_METHODS, TF32_FP32_STEPS, newton_alpha, new
                      newton_pinv_apply, newton_pinv_error, normalize_inverse,
                      regularized_apply, resolve_pinv_method, round_tf32)
 from .sima import sima_attention
-from .soft import gaussian_kernel, kernel_matmul, soft_attention
+from .soft import KERNEL_PLAN, gaussian_kernel, kernel_matmul, soft_attention
 
 __all__ = [
-    'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel', 'kernel_matmul',
+    'KERNEL_PLAN', 'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel', 'kernel_matmul',
     'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
     'normalize_inverse', 'regularized_apply', 'resolve_pinv_method', 'round_tf32',
     'sima_attention', 'soft_attention'

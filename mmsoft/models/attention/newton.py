@@ -96,10 +96,13 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
         Tensor: (..., 1, 1) α for every matrix of the batch (not one α for the whole batch,
         which would make one image's output depend on the others in its batch).
     """
-    alpha = 2.0 / A.abs().sum(-1).amax(-1).pow(2)  # (...)
+    # (|A| is A itself when nonnegative: no m×m temporary, the same sums.)
+    row_sums = A.sum(-1) if nonnegative else A.abs().sum(-1)
+    alpha = 2.0 / row_sums.amax(-1).pow(2)  # (...)
     alpha = alpha[..., None, None]
     if nonnegative:
-        diag = A.pow(2).sum(-1)[..., None, :]  # a_j, (..., 1, m)
+        # a_j = ||A_j||², without an m×m temporary (it only decides the halvings)
+        diag = torch.linalg.vector_norm(A, dim=-1).pow(2)[..., None, :]  # (..., 1, m)
         off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
         # Candidates α/2^j, j = 0 … max_halvings, along a new last dim (exact scales).
         scales = torch.tensor([0.5**j for j in range(max_halvings + 1)], dtype=A.dtype,
