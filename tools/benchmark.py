@@ -525,13 +525,7 @@ def section_pinv(args, out):
         t = {}
         with torch.no_grad():
             for name, fn in cols.items():
-                fn(A, Z)
-                _sync(args.device)
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    fn(A, Z)
-                _sync(args.device)
-                t[name] = (time.perf_counter() - t0) / 3
+                t[name] = _time_call(args, lambda: fn(A, Z))
         rows[m] = t
         lines.append(f'| {m} | 20 | ' + ' | '.join(f'{v * 1e3:.1f} ms' for v in t.values())
                      + ' |')
@@ -596,7 +590,8 @@ def _time_call(args, fn, runs=3):
 
 
 SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'speed': section_speed,
-            'train': section_train, 'modes': section_modes, 'memory': section_memory, 'scaling': section_scaling}
+            'train': section_train, 'modes': section_modes, 'memory': section_memory,
+            'scaling': section_scaling}
 
 
 def main(argv=None):

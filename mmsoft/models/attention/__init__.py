@@ -26,8 +26,8 @@ from .sima import sima_attention
 from .soft import KERNEL_PLAN, gaussian_kernel, kernel_matmul, soft_attention
 
 __all__ = [
-    'KERNEL_PLAN', 'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel', 'kernel_matmul',
-    'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
+    'KERNEL_PLAN', 'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel',
+    'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
     'normalize_inverse', 'regularized_apply', 'resolve_pinv_method', 'round_tf32',
     'sima_attention', 'soft_attention'
 ]
