@@ -14,7 +14,9 @@ sys.path.insert(0, ROOT)
 def test_benchmark_sections(tmp_path, capsys):
     from tools import benchmark
     out = tmp_path / 'b.json'
-    benchmark.main(['--device', 'cpu', '--sections', 'pinv,dwconv,speed,train,modes',
+    from mmsoft.models.attention import KERNEL_PLAN
+    plan = dict(KERNEL_PLAN)
+    benchmark.main(['--device', 'cpu', '--sections', 'pinv,dwconv,kernel,speed,train,modes',
                     '--sizes', '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes',
                     '16', '130', '--train-batch', '1', '--json', str(out)])
     res = json.loads(out.read_text())
@@ -24,6 +26,12 @@ def test_benchmark_sections(tmp_path, capsys):
     assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
                                   for step in ('forward', 'train')}
     assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
+    kernel = res['kernel']  # per stage: inference (once + 4 chunk sizes), train (chunks)
+    assert len(kernel) == 6 and KERNEL_PLAN == plan  # the section restores the table
+    for name, row in kernel.items():
+        chunks = {f'2^{c}' for c in benchmark.KERNEL_CHUNKS}
+        assert set(row) == (chunks if ' train ' in name else chunks | {'once'}), name
+        assert all(t > 0 for t in row.values())
     for row in res['speed'].values():
         assert row['64x64'] > 0
     assert {'SOFT-S', 'Swin-T', 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)'} <= set(

@@ -8,6 +8,10 @@ Sections (``--sections``, default all):
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what ``LOCAL_CONV_LAYOUT`` should say for the device
+  kernel   the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's three stages at
+           each ``--sizes`` entry: P formed once vs in row chunks of 2^18 … 2^24 elements
+           (inference, batch 1) and the chunk sizes with backward (``--train-batch``),
+           all variants in turn for ``--rounds`` rounds: what ``KERNEL_PLAN`` should say
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
@@ -35,11 +39,13 @@ Usage: python tools/benchmark.py [--device cpu|cuda] [--sections speed,modes] [-
 """
 import argparse
 import json
+import math
 import os
 import os.path as osp
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -569,6 +575,82 @@ def section_dwconv(args, out):
     return lines
 
 
+KERNEL_CHUNKS = (18, 20, 22, 24)  # log2 of the chunk sizes the kernel section tries
+
+
+def section_kernel(args, out):
+    """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training."""
+    soft = build('SOFT-S')
+    cases = {}  # row name -> {variant: fn}
+    for size in args.sizes:
+        H, W = parse_size(size)
+        for s in range(3):
+            h, r = soft.num_heads[s], soft.sr_ratios[s]
+            d = soft.embed_dims[s] // h
+            hw = (-(-H // (4 * 2**s)), -(-W // (4 * 2**s)))
+            N, m = hw[0] * hw[1], (hw[0] // r) * (hw[1] // r)
+            for step, B in (('inference', 1), ('train', args.train_batch)):
+                train = step == 'train'
+                # Q and V as the block makes them: (B, N, h, d) viewed per head
+                q, v = (torch.randn(B, N, h, d, device=args.device).transpose(1, 2) * 0.3
+                        for _ in range(2))
+                lm, w = (torch.randn(B, h, m, d, device=args.device) * 0.3 for _ in range(2))
+                tensors = [t.requires_grad_(train) for t in (q, lm, v, w)]
+                fns = {} if train else {'once': partial(_kernel_once, *tensors)}
+                for c in KERNEL_CHUNKS:
+                    fns[f'2^{c}'] = partial(_kernel_chunked, args.device, 2**c, train,
+                                            *tensors)
+                elements = math.log2(B * h * N * m)
+                cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
+                      f'2^{elements:.1f} elements)'] = fns
+    times = {name: {k: [] for k in fns} for name, fns in cases.items()}
+    for r in range(args.rounds):
+        for name, fns in cases.items():
+            for k, fn in fns.items():
+                times[name][k].append(_time_call(args, fn, runs=1, warmup=r == 0))
+    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS]
+    lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
+    rows = {}
+    for name, t in times.items():
+        rows[name] = {k: float(np.median(v)) for k, v in t.items()}
+        lines.append(f'| {name} | ' + ' | '.join(
+            fmt(rows[name][k]) if k in rows[name] else '–' for k in cols) + ' |')
+    out['kernel'] = rows
+    lines.append(f'\nMedian of {args.rounds} round(s), all variants in turn. inference: κᵀ·V '
+                 'and κ·W with P formed once, or in row chunks of 2^k elements (P made '
+                 'twice); train: the same with backward (P recomputed chunk by chunk). '
+                 f'KERNEL_PLAN on {args.device}: the fastest chunk, and up to which size '
+                 'of P once wins.')
+    return lines
+
+
+def _kernel_once(q, lm, v, w):
+    from mmsoft.models.attention import gaussian_kernel
+    with torch.no_grad():
+        P = gaussian_kernel(q, lm)
+        P.transpose(-1, -2) @ v
+        return P @ w
+
+
+def _kernel_chunked(device, chunk, train, q, lm, v, w):
+    from mmsoft.models.attention import KERNEL_PLAN, kernel_matmul
+    old = KERNEL_PLAN.get(device)
+    KERNEL_PLAN[device] = (chunk, None)
+    try:
+        with torch.set_grad_enabled(train):
+            z = kernel_matmul(q, lm, v, transpose=True)
+            out = kernel_matmul(q, lm, w)
+            if train:
+                (z.sum() + out.sum()).backward()
+                for t in (q, lm, v, w):
+                    t.grad = None
+    finally:
+        if old is None:
+            del KERNEL_PLAN[device]
+        else:
+            KERNEL_PLAN[device] = old
+
+
 def _dwconv_step(conv, v, hw, layout, train):
     if not train:
         with torch.no_grad():
@@ -578,9 +660,10 @@ def _dwconv_step(conv, v, hw, layout, train):
     v.grad = None
 
 
-def _time_call(args, fn, runs=3):
-    """Mean seconds of ``fn()`` over ``runs`` calls after one untimed warm-up call."""
-    fn()
+def _time_call(args, fn, runs=3, warmup=True):
+    """Mean seconds of ``fn()`` over ``runs`` calls (after one untimed warm-up call)."""
+    if warmup:
+        fn()
     _sync(args.device)
     t0 = time.perf_counter()
     for _ in range(runs):
@@ -589,9 +672,9 @@ def _time_call(args, fn, runs=3):
     return (time.perf_counter() - t0) / runs
 
 
-SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'speed': section_speed,
-            'train': section_train, 'modes': section_modes, 'memory': section_memory,
-            'scaling': section_scaling}
+SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'kernel': section_kernel,
+            'speed': section_speed, 'train': section_train, 'modes': section_modes,
+            'memory': section_memory, 'scaling': section_scaling}
 
 
 def main(argv=None):
@@ -600,15 +683,15 @@ def main(argv=None):
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--sections',
-                        default='pinv,dwconv,speed,train,modes,memory,scaling')
+                        default='pinv,dwconv,kernel,speed,train,modes,memory,scaling')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
     parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
     parser.add_argument('--rounds', type=int, default=1,
-                        help='speed: measure every model this many times, in turn, and '
-                        'report the median per model (on a shared machine, drift then '
-                        'affects all models alike instead of the ratios)')
+                        help='speed, kernel: measure every model (variant) this many times, '
+                        'in turn, and report the median of each (on a shared machine, drift '
+                        'then affects all of them alike instead of the ratios)')
     parser.add_argument('--train-batch', type=int, default=2,
                         help='images per training step in the train and memory sections')
     parser.add_argument('--pinv-sizes', nargs='+', type=int,

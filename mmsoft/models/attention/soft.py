@@ -18,17 +18,19 @@ __all__ = ['KERNEL_PLAN', 'gaussian_kernel', 'kernel_matmul', 'soft_attention']
 # (chunk, once_up_to): ``kernel_matmul`` makes P in row chunks of about ``chunk`` elements
 # (whatever the batch and landmark count); without gradients P is formed once if it has
 # at most ``once_up_to`` elements (None: always), else the chunked products run twice.
+# Measured with tools/benchmark.py --sections kernel --sizes 512x512 640x640 800x1344
+# --rounds 3 --train-batch 1 (SOFT-S's stages 1-3; README "Benchmarks"):
 # - cpu: 2-core x86 CPU, torch 2.14.1. A fresh tensor of tens of MB costs page faults on
-#   every forward (an elementwise op on a new 44 MB tensor: 19 ms; into an existing one:
-#   2.2 ms); 4 MB chunks are made and used while in cache and reuse the same memory.
-#   Kernel products of SOFT-S at 800×1344 without gradients (P once vs 2^20 chunks,
-#   interleaved, median of 5): stage 1 810 vs 591 ms, stage 2 419 vs 323 ms, stage 3
-#   (44M elements) 247 vs 216 ms; at 640×640 stage 1 (20M) 101 vs 105 ms, at 512×512
-#   stage 3 8.4 vs 12.0 ms: once up to 2^25. With gradients (forward + backward), 2^20
-#   vs 2^24 chunks: 800×1344 stage 1 3.0 vs 4.3 s, 512×512 stage 1 177 vs 249 ms.
+#   every forward (torch.abs of a 44 MB tensor: 19 ms into a new one, 2.2 ms with out=);
+#   4 MB chunks are used while in cache and reuse the same memory. With backward 2^20
+#   was the fastest chunk or within 3 % of it at every stage (800×1344 stage 1: 2.92 s,
+#   2^24: 4.38 s). Inference, P once vs 2^20 chunks: up to 2^23.3 elements once wins or
+#   they are within noise (512×512 stage 3: 7.1 vs 11.2 ms; 640×640 stage 2: 38.6 vs
+#   41.2 ms; 512×512 stage 1: 37.7 vs 36.5 ms), from 2^24.3 chunks win (640×640 stage 1:
+#   95 vs 76 ms; 800×1344 stage 2, 2^26.1: 444 vs 354 ms; stage 1, 2^27.1: 785 vs 648).
 # - cuda: 64 MB chunks (few launches), P once; not yet measured against other choices.
 KERNEL_PLAN = {
-    'cpu': (2**20, 2**25),
+    'cpu': (2**20, 2**24),
     'cuda': (2**24, None),
 }
 
