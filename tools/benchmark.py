@@ -542,6 +542,22 @@ def section_pinv(args, out):
     return lines
 
 
+def _soft_stages(soft, size):
+    """(stage, heads h, head dim d, (H, W) token grid) of SOFT-S's stages 1-3 (strides 4,
+    8, 16) at an input size 'HxW'."""
+    H, W = parse_size(size)
+    for s in range(3):
+        stride = 4 * 2**s
+        yield (s, soft.num_heads[s], soft.embed_dims[s] // soft.num_heads[s],
+               (-(-H // stride), -(-W // stride)))
+
+
+def _head_tokens(args, batch, hw, h, d):
+    """Random Q or V as a SOFT block makes them: the (B, N, h·d) projection viewed as
+    (B, h, N, d)."""
+    return torch.randn(batch, hw[0] * hw[1], h, d, device=args.device).transpose(1, 2)
+
+
 def section_dwconv(args, out):
     """SOFT-S's depthwise conv on V, stages 1-3, in both layouts of ``HeadSharedConv``."""
     from mmsoft.models.backbones.soft import HeadSharedConv
@@ -551,16 +567,10 @@ def section_dwconv(args, out):
     rows = {}
     soft = build('SOFT-S')
     for size in args.sizes:
-        H, W = parse_size(size)
-        for s in range(3):
-            h, d = soft.num_heads[s], soft.embed_dims[s] // soft.num_heads[s]
-            stride = 4 * 2**s
-            hw = (-(-H // stride), -(-W // stride))
+        for s, h, d, hw in _soft_stages(soft, size):
             conv = HeadSharedConv(h, d, soft.dwconv_sizes[s]).to(args.device)
             for step, batch in (('forward', 1), ('train', args.train_batch)):
-                # V as the block makes it: the (B, N, h·d) projection viewed per head
-                v = torch.randn(batch, hw[0] * hw[1], h, d, device=args.device)
-                v = v.transpose(1, 2).requires_grad_(step == 'train')
+                v = _head_tokens(args, batch, hw, h, d).requires_grad_(step == 'train')
                 t = {}
                 for layout in layouts:
                     t[layout] = _time_call(args, lambda: _dwconv_step(conv, v, hw, layout,
@@ -583,17 +593,12 @@ def section_kernel(args, out):
     soft = build('SOFT-S')
     cases = {}  # row name -> {variant: fn}
     for size in args.sizes:
-        H, W = parse_size(size)
-        for s in range(3):
-            h, r = soft.num_heads[s], soft.sr_ratios[s]
-            d = soft.embed_dims[s] // h
-            hw = (-(-H // (4 * 2**s)), -(-W // (4 * 2**s)))
+        for s, h, d, hw in _soft_stages(soft, size):
+            r = soft.sr_ratios[s]
             N, m = hw[0] * hw[1], (hw[0] // r) * (hw[1] // r)
             for step, B in (('inference', 1), ('train', args.train_batch)):
                 train = step == 'train'
-                # Q and V as the block makes them: (B, N, h, d) viewed per head
-                q, v = (torch.randn(B, N, h, d, device=args.device).transpose(1, 2) * 0.3
-                        for _ in range(2))
+                q, v = (_head_tokens(args, B, hw, h, d) * 0.3 for _ in range(2))
                 lm, w = (torch.randn(B, h, m, d, device=args.device) * 0.3 for _ in range(2))
                 tensors = [t.requires_grad_(train) for t in (q, lm, v, w)]
                 fns = {} if train else {'once': partial(_kernel_once, *tensors)}
