@@ -1,17 +1,86 @@
-"""Looking inside the backbones: attention maps, Newton–Raphson convergence, inverse norms.
+"""Looking inside the backbones: attention maps, Newton–Raphson convergence, inverse norms,
+and what a forward asks of a GPU's host (operators launched, host-device transfers).
 
-Used by tools/analysis/*.py (which hold the plumbing: images, figures, options in
-tools/analysis/_common.py); every function here works on a built backbone and an input
-batch and returns plain tensors / numbers, so it can be tested without files.
+Used by tools/analysis/*.py and tools/benchmark.py (which hold the plumbing: images,
+figures, options in tools/analysis/_common.py); every function here works on a built
+backbone and an input batch and returns plain tensors / numbers, so it can be tested
+without files.
 """
+from collections import Counter
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from .models.attention import (gaussian_kernel, newton_pinv, newton_pinv_error,
-                               normalize_inverse)
-from .models.backbones.soft import SoftKernelAttention
+from .models.attention import (KERNEL_PLAN, PINV_AUTO, gaussian_kernel, newton_pinv,
+                               newton_pinv_error, normalize_inverse)
+from .models.backbones.soft import LOCAL_CONV_LAYOUT, SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
+
+# Operators that reach the backend but launch no kernel: allocation and metadata.
+NO_KERNEL_OPS = frozenset({'empty', 'empty_like', 'empty_strided', 'new_empty', 'detach',
+                           'alias', 'lift_fresh', '_unsafe_view'})
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts the ATen operators run below autograd (forward and backward) inside the
+    block: on a GPU each launches one or more kernels, so in eager mode this is the host
+    work per step. Views and ``NO_KERNEL_OPS`` are not counted. Also records every copy
+    of a host tensor to another device (``transfers``): on a GPU such a copy waits for
+    the device to finish its queue. 0-dim host tensors are passed as values (no copy).
+
+    Attributes:
+        counts (Counter): operator name -> calls.
+        transfers (list[str]): the operators that copied a host tensor to a device.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.counts, self.transfers = Counter(), []
+
+    @property
+    def total(self):
+        return sum(self.counts.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        returns = func._schema.returns
+        view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                     for r in returns)
+        if not view and name not in NO_KERNEL_OPS:
+            self.counts[name] += 1
+        host = any(isinstance(t, torch.Tensor) and t.device.type == 'cpu' and t.dim() > 0
+                   for t in tree_leaves((args, kwargs)))
+        if host and any(isinstance(t, torch.Tensor) and t.device.type != 'cpu'
+                        for t in tree_leaves(out)):
+            self.transfers.append(name)
+        return out
+
+
+@contextmanager
+def device_plan(device, like):
+    """Let tensors on ``device`` take ``like``'s entries of SOFT's per-device tables
+    (``PINV_AUTO``, ``KERNEL_PLAN``, ``LOCAL_CONV_LAYOUT``) inside the block: e.g.
+    ``device_plan('meta', like='cuda')`` runs on PyTorch's data-less meta device
+    exactly the operators CUDA would run."""
+    tables = (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)
+    saved = [(t, t.get(device)) for t in tables]
+    try:
+        for t in tables:
+            if like in t:
+                t[device] = t[like]
+            else:
+                t.pop(device, None)
+        yield
+    finally:
+        for t, old in saved:
+            if old is None:
+                t.pop(device, None)
+            else:
+                t[device] = old
 
 
 def soft_attention_inputs(model, x):

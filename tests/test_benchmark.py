@@ -50,6 +50,26 @@ def test_benchmark_sections(tmp_path, capsys):
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
 
 
+def test_launch_counts(tmp_path):
+    """Operators per forward / training step, CUDA's plan on the meta device; the plan
+    tables are as before afterwards."""
+    from tools import benchmark
+
+    from mmsoft.models.attention import KERNEL_PLAN, PINV_AUTO
+    from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT
+    tables = [dict(t) for t in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)]
+    out = tmp_path / 'l.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'launches', '--sizes', '64x64',
+                    '96x128', '--train-batch', '2', '--json', str(out)])
+    rows = json.loads(out.read_text())['launches']
+    assert [dict(t) for t in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)] == tables
+    labels = ['Swin-T', 'SOFT-S (auto)', 'SOFT-S (grid16)', 'SOFT-S (regularized)']
+    assert set(rows) == {f'{label} {size}' for label in labels
+                         for size in ('64x64', '96x128')}
+    for row in rows.values():
+        assert 0 < row['forward'] < row['train']
+
+
 def test_compile_rows(tmp_path, capsys, monkeypatch):
     """--compile times SOFT-S and Swin-T under torch.compile(mode=...) next to eager, and
     the compiling first call is a warm-up even with --repeat 0. (torch.compile is

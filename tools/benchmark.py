@@ -23,6 +23,9 @@ Sections (``--sections``, default all):
   memory   peak memory at the largest --sizes entry (a process per model and step): one
            forward at batch 1 and one training step at ``--train-batch`` images, for
            SOFT-S modes, the official computation order (forward only) and Swin-T
+  launches ATen operators (on a GPU: kernel launches) per forward and training step of
+           SOFT-S modes and Swin-T at each ``--sizes`` entry, counted on the meta device
+           with CUDA's plan (no GPU needed): eager mode's host work per step
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -665,6 +668,44 @@ def _dwconv_step(conv, v, hw, layout, train):
     v.grad = None
 
 
+LAUNCH_MODELS = (('Swin-T', 'auto'), ('SOFT-S', 'auto'), ('SOFT-S', 'grid16'),
+                 ('SOFT-S', 'regularized'))
+
+
+def section_launches(args, out):
+    """ATen operators per forward and training step, with CUDA's plan, on the meta device."""
+    from mmsoft.analysis import LaunchCounter, device_plan
+    lines = ['| model | size | forward (batch 1) | vs Swin-T | training step (batch '
+             f'{args.train_batch}) | vs Swin-T |', '|---|---|---|---|---|---|']
+    rows = {}
+    with device_plan('meta', like='cuda'):
+        for size in args.sizes:
+            H, W = parse_size(size)
+            for name, mode in LAUNCH_MODELS:
+                model = build(name, mode).to('meta')
+                n = {}
+                for step, batch in (('forward', 1), ('train', args.train_batch)):
+                    model.train(step == 'train')
+                    x = torch.zeros(batch, 3, H, W, device='meta')
+                    with LaunchCounter() as count, torch.set_grad_enabled(step == 'train'):
+                        outs = model(x)
+                        if step == 'train':
+                            sum(o.mean() for o in outs).backward()
+                    n[step] = count.total
+                label = name if name != 'SOFT-S' else f'SOFT-S ({mode})'
+                rows[f'{label} {size}'] = n
+                base = rows[f'Swin-T {size}']
+                lines.append(f'| {label} | {size} | {n["forward"]} | '
+                             f'{n["forward"] / base["forward"]:.2f} | {n["train"]} | '
+                             f'{n["train"] / base["train"]:.2f} |')
+    out['launches'] = rows
+    lines.append('\nATen operators run below autograd (views and allocations not counted), '
+                 "counted on PyTorch's data-less meta device with the CUDA entries of "
+                 'PINV_AUTO, KERNEL_PLAN and LOCAL_CONV_LAYOUT: on a GPU each launches one '
+                 'or more kernels, so in eager mode they are the host work per step.')
+    return lines
+
+
 def _time_call(args, fn, runs=3, warmup=True):
     """Mean seconds of ``fn()`` over ``runs`` calls (after one untimed warm-up call)."""
     if warmup:
@@ -679,7 +720,8 @@ def _time_call(args, fn, runs=3, warmup=True):
 
 SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'kernel': section_kernel,
             'speed': section_speed, 'train': section_train, 'modes': section_modes,
-            'memory': section_memory, 'scaling': section_scaling}
+            'memory': section_memory, 'scaling': section_scaling,
+            'launches': section_launches}
 
 
 def main(argv=None):
@@ -688,7 +730,7 @@ def main(argv=None):
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--sections',
-                        default='pinv,dwconv,kernel,speed,train,modes,memory,scaling')
+                        default='pinv,dwconv,kernel,speed,train,modes,memory,scaling,launches')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
