@@ -118,6 +118,28 @@ def test_regularized_mode_is_the_tikhonov_filter():
         newton_pinv(A, method='regularized')
 
 
+def test_regularized_failed_factorization_is_never_silent(monkeypatch):
+    """A² + μI of the rank-1 all-ones kernel with μ ~ 2^-61·||A||² is not positive
+    definite in float32: the CPU raises; where checking would synchronize a GPU (here:
+    the check switched off as under torch.compile) only that matrix's output is NaN,
+    also where the failed factor is left finite (here: the identity)."""
+    A = torch.stack([torch.ones(8, 8), gaussian_kernel_matrix(8, scale=0.3).float()])
+    Z = torch.randn(2, 8, 3)
+    with pytest.raises(torch.linalg.LinAlgError, match='1 of 2'):
+        regularized_apply(A, Z, iters=60)
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    cholesky_ex = torch.linalg.cholesky_ex
+
+    def finite_when_failed(M):
+        L, info = cholesky_ex(M)
+        eye = torch.eye(M.shape[-1], dtype=M.dtype)
+        return torch.where(info[..., None, None] > 0, eye, L), info
+
+    monkeypatch.setattr(torch.linalg, 'cholesky_ex', finite_when_failed)
+    out = regularized_apply(A, Z, iters=60)
+    assert out[0].isnan().all() and torch.isfinite(out[1]).all()
+
+
 def test_backward_matches_exact_inverse_gradient():
     """Paper Eq. 16: ∇A = -Yᵀ ∇Y Yᵀ, equal to autograd through torch.linalg.inv."""
     A0 = spd(12, cond=5.0)
@@ -250,9 +272,32 @@ def test_training_does_not_keep_the_kernel():
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = soft_attention(q, lm, v)
-    assert saved and max(saved) <= 2 * 2 * N * d < 2 * 2 * N * m, saved
+    # the thin tensors only: q's kernel features (d + 2 columns), v, W
+    assert saved and max(saved) <= 2 * 2 * N * (d + 2) < 2 * 2 * N * m, saved
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, lm, v))
+
+
+def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch):
+    """A training step over k row chunks of P: every further chunk adds its four kernel
+    evaluations (one product of the kernel features, clamp, exp) and twelve products,
+    and no copies or norms (V in the layout a SOFT block makes it, batch 2: before the
+    features, its chunks were copied in every product)."""
+    from mmsoft.analysis import LaunchCounter
+    B, h, N, m, d = 2, 3, 48, 12, 8
+    counts = {}
+    for k in (2, 4):
+        monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (B * h * m * N // k, None))
+        q = (torch.randn(B, N, h, d).transpose(1, 2) * 0.5).requires_grad_()
+        lm = (torch.randn(B, h, m, d) * 0.5).requires_grad_()
+        v = torch.randn(B, N, h, d).transpose(1, 2).requires_grad_()
+        with LaunchCounter() as count:
+            soft_attention(q, lm, v, pinv_method='iterative').sum().backward()
+        counts[k] = count.counts
+    per_chunk = {op: (counts[4][op] - counts[2][op]) / 2 for op in counts[4]}
+    assert sum(per_chunk.values()) == 4 * 3 + 12, per_chunk
+    assert per_chunk['exp_'] == 4 and not any(
+        per_chunk.get(op) for op in ('copy_', 'clone', 'pow', 'sum', 'cat')), per_chunk
 
 
 @pytest.mark.parametrize('once_up_to', [None, 2 * 3 * 50 * 12 - 1])
@@ -265,11 +310,13 @@ def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch):
     ref = soft_attention(q, lm, v)
     rows = []
 
-    def recording_kernel(a, b):
-        rows.append(a.shape[-2])
-        return gaussian_kernel(a, b)
+    kernel = attention.soft._kernel  # P (or a chunk of it) from the kernel features
 
-    monkeypatch.setattr(attention.soft, 'gaussian_kernel', recording_kernel)
+    def recording_kernel(fa, fb):
+        rows.append(fa.shape[-2])
+        return kernel(fa, fb)
+
+    monkeypatch.setattr(attention.soft, '_kernel', recording_kernel)
     monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (2 * 3 * 12 * 20, once_up_to))
     with torch.no_grad():
         out = soft_attention(q, lm, v)

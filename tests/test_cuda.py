@@ -83,3 +83,21 @@ def test_soft_small_trains_on_cuda():
     outs = model(torch.randn(2, 3, 256, 320, device='cuda'))
     sum(o.mean() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('kwargs', [{}, dict(pinv_method='regularized'),
+                                    dict(landmark_grid=16)], ids=['auto', 'regularized',
+                                                                  'grid16'])
+def test_no_host_device_sync(kwargs):
+    """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
+    raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""
+    model = SOFT(arch='small', **kwargs).cuda()
+    x = torch.randn(2, 3, 256, 320, device='cuda')
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        with torch.no_grad():
+            model.eval()(x)
+        sum(o.mean() for o in model.train()(x)).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode('default')

@@ -359,3 +359,29 @@ def test_traces_into_one_graph(mode):
         assert rel_err(o, r) < 1e-6
     if mode == 'train':
         assert rel_err(grad, ref_grad) < 1e-6
+
+
+@pytest.mark.parametrize('kwargs', [{}, dict(pinv_method='regularized'),
+                                    dict(landmark_grid=2)], ids=['auto', 'regularized',
+                                                                 'grid2'])
+def test_cuda_plan_waits_for_no_device(kwargs, monkeypatch):
+    """What CUDA runs (its entries of the plan tables, on PyTorch's data-less meta device):
+    no value is read back to the host (which raises on meta) and no host data is copied
+    to the device. On a GPU either makes the host wait for the device in every forward."""
+    from mmsoft.analysis import LaunchCounter, device_plan
+    made_on_device = []
+    for name in ('tensor', 'as_tensor'):
+
+        def on_device(*args, _make=getattr(torch, name), _name=name, **kw):
+            if kw.get('device') is not None and torch.device(kw['device']).type != 'cpu':
+                made_on_device.append(_name)
+            return _make(*args, **kw)
+
+        monkeypatch.setattr(torch, name, on_device)
+    model = SOFT(arch=FIXTURE_ARCH, **kwargs).to('meta')
+    x = torch.zeros(2, 3, 64, 96, device='meta')
+    with device_plan('meta', like='cuda'), LaunchCounter() as count:
+        with torch.no_grad():
+            model.eval()(x)
+        sum(o.mean() for o in model.train()(x)).backward()
+    assert count.total > 0 and count.transfers == [] and made_on_device == []

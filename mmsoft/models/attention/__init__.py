@@ -2,6 +2,7 @@
 
 SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``gaussian_kernel``      κ(a, b) = exp(-||a - b||² / 2) between two token sets
+    ``kernel_features``      [a, |a|², -1/2] and [b, -1/2, |b|²]: κ = exp(min(â·b̂ᵀ, 0))
     ``kernel_matmul``        κ(q, l)·w or κ(q, l)ᵀ·w, κ recomputed in backward (not kept)
     ``newton_pinv``          Moore–Penrose inverse by Newton–Raphson iteration, per matrix
     ``newton_pinv_apply``    the same iterate applied to a thin matrix, never formed
@@ -23,11 +24,12 @@ from .newton import (PINV_AUTO, PINV_METHODS, TF32_FP32_STEPS, newton_alpha, new
                      newton_pinv_apply, newton_pinv_error, normalize_inverse,
                      regularized_apply, resolve_pinv_method, round_tf32)
 from .sima import sima_attention
-from .soft import KERNEL_PLAN, gaussian_kernel, kernel_matmul, soft_attention
+from .soft import (KERNEL_PLAN, gaussian_kernel, kernel_features, kernel_matmul,
+                   soft_attention)
 
 __all__ = [
     'KERNEL_PLAN', 'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel',
-    'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
-    'normalize_inverse', 'regularized_apply', 'resolve_pinv_method', 'round_tf32',
-    'sima_attention', 'soft_attention'
+    'kernel_features', 'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply',
+    'newton_pinv_error', 'normalize_inverse', 'regularized_apply', 'resolve_pinv_method',
+    'round_tf32', 'sima_attention', 'soft_attention'
 ]

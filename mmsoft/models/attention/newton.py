@@ -104,9 +104,10 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
         # a_j = ||A_j||², without an m×m temporary (it only decides the halvings)
         diag = torch.linalg.vector_norm(A, dim=-1).pow(2)[..., None, :]  # (..., 1, m)
         off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
-        # Candidates α/2^j, j = 0 … max_halvings, along a new last dim (exact scales).
-        scales = torch.tensor([0.5**j for j in range(max_halvings + 1)], dtype=A.dtype,
-                              device=A.device)
+        # Candidates α/2^j, j = 0 … max_halvings, along a new last dim: powers of two
+        # (exact) made on A's device (a tensor from a Python list would be a host-to-
+        # device copy, which synchronizes with a GPU in every call).
+        scales = 0.5**torch.arange(max_halvings + 1, dtype=A.dtype, device=A.device)
         cand = alpha[..., None] * scales[:-1]  # (..., 1, 1, J)
         norms = ((1 - cand * diag[..., None]).abs() + cand * off[..., None]).amax(-2)
         # The first candidate that meets the bound, else max_halvings halvings (a True
@@ -375,12 +376,23 @@ def regularized_apply(A, Z, iters=20):
     ``tools/benchmark.py --sections modes`` reports the resulting output deviation.
     One m×m product and one Cholesky factorization replace the eigendecomposition;
     gradients are exact for this filter (autograd through the solve).
+
+    A factorization that fails in floating point (A² + μI is positive definite, but μ is
+    ~5e-7·||A||² at T = 20) raises on the CPU; elsewhere checking would synchronize the
+    device with the host in every call, so that matrix's output is NaN instead.
     """
     alpha = newton_alpha(A.detach(), nonnegative=True)
     mu = 1.0 / (alpha * float(2**iters))  # (..., 1, 1)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    L = torch.linalg.cholesky(A @ A + mu * eye)
-    return torch.cholesky_solve(A @ Z, L)
+    L, info = torch.linalg.cholesky_ex(A @ A + mu * eye)
+    if A.device.type == 'cpu' and not (torch.jit.is_tracing()
+                                       or torch.compiler.is_compiling()):
+        if bool(info.any()):
+            raise torch.linalg.LinAlgError(
+                f"pinv_method='regularized': the Cholesky factorization of A² + μI "
+                f'failed for {int((info > 0).sum())} of {info.numel()} landmark kernels')
+    W = torch.cholesky_solve(A @ Z, L)
+    return torch.where((info == 0)[..., None, None], W, float('nan'))
 
 
 def newton_pinv_error(A, Y):

@@ -6,13 +6,20 @@ kept for backward: ``kernel_matmul`` computes its products in row chunks and rec
 P in its backward, so training memory holds only the thin Q, Q̃, V and W. Without
 gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its products
 are also computed in row chunks (P computed twice, never whole).
+
+Every P (or chunk of it) is one product of the thin kernel features
+(``kernel_features``), clamped and exponentiated in place: three passes over an N×m
+tensor and no copies, in training too, where the features also carry the norms'
+gradients (``_KernelMatmul``).
 """
 import torch
 
 from .newton import (_device_type, _float_dtype, newton_pinv_apply, regularized_apply,
                      resolve_pinv_method)
 
-__all__ = ['KERNEL_PLAN', 'gaussian_kernel', 'kernel_matmul', 'soft_attention']
+__all__ = [
+    'KERNEL_PLAN', 'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'soft_attention'
+]
 
 # How P = κ(q, landmarks) is computed, per device type (others: as 'cuda'):
 # (chunk, once_up_to): ``kernel_matmul`` makes P in row chunks of about ``chunk`` elements
@@ -35,6 +42,31 @@ KERNEL_PLAN = {
 }
 
 
+def kernel_features(x, right=False):
+    """Features whose products are the Gaussian kernel's logits: one matmul makes them.
+
+    -||a - b||²/2 = a·b - |a|²/2 - |b|²/2 = [a, |a|², -1/2]·[b, -1/2, |b|²], so
+    κ(a, b) = exp(min(â·b̂ᵀ, 0)) with â = ``kernel_features(a)`` and b̂ =
+    ``kernel_features(b, right=True)`` (the min clamps rounding above 0). The squared
+    norms are computed in (at least) float32, also when x is half precision.
+
+    Args:
+        x (Tensor): (..., n, d)
+        right (bool): the right-hand factor's features [x, -1/2, |x|²].
+    Returns:
+        Tensor: (..., n, d + 2) in x's dtype.
+    """
+    sq = x.to(_float_dtype(x)).pow(2).sum(-1, keepdim=True).to(x.dtype)
+    half = torch.full_like(sq, -0.5)
+    return torch.cat([x, half, sq] if right else [x, sq, half], -1)
+
+
+def _kernel(fa, fb):
+    """κ from features, (..., N, d + 2) and (..., M, d + 2) -> (..., N, M). Updated in
+    place: at detection sizes P is the largest tensor of the layer."""
+    return (fa @ fb.transpose(-1, -2)).clamp_(max=0).exp_()
+
+
 def gaussian_kernel(a, b):
     """Gaussian kernel exp(-||a_i - b_j||² / 2) (paper Eq. 5 on d^(1/4)-scaled vectors).
 
@@ -44,80 +76,101 @@ def gaussian_kernel(a, b):
     Returns:
         Tensor: (..., N, M), in the dtype of a·bᵀ (the autocast dtype under autocast).
     """
-    # Squared norms in (at least) float32, also when the product runs in half precision.
-    a_sq = a.to(_float_dtype(a)).pow(2).sum(-1, keepdim=True)  # (..., N, 1)
-    b_sq = b.to(_float_dtype(b)).pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
-    # -||a - b||²/2 = a·b - |a|²/2 - |b|²/2; clamp at 0 against rounding above 0. The
-    # (N, M) product is updated in place: at detection sizes it is the largest tensor of
-    # the layer, and every extra copy of it costs memory traffic.
-    logits = a @ b.transpose(-1, -2)
-    return logits.sub_(0.5 * a_sq).sub_(0.5 * b_sq).clamp_(max=0).exp_()
+    return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-def _kernel_plan(q):
-    return KERNEL_PLAN.get(q.device.type, KERNEL_PLAN['cuda'])
+def _kernel_plan(t):
+    return KERNEL_PLAN.get(t.device.type, KERNEL_PLAN['cuda'])
 
 
-def _row_chunks(q, landmarks):
-    """Row ranges of P = κ(q, landmarks) of about ``KERNEL_PLAN``'s chunk elements."""
-    N, m = q.shape[-2], landmarks.shape[-2]
-    per_row = max(1, q[..., 0, 0].numel() * m)
-    step = max(1, _kernel_plan(q)[0] // per_row)
+def _row_chunks(fq, fl):
+    """Row ranges of P = κ(q, l) of about ``KERNEL_PLAN``'s chunk elements, for features
+    (b, N, K) and (b, m, K)."""
+    (b, N, _), m = fq.shape, fl.shape[-2]
+    step = max(1, _kernel_plan(fq)[0] // max(1, b * m))
     return [(i, min(i + step, N)) for i in range(0, N, step)]
 
 
-class _KernelMatmul(torch.autograd.Function):
-    """P·W or Pᵀ·W for P = κ(q, l), with P recomputed in backward instead of kept.
+def _add_product(acc, a, b):
+    """acc + a·b in place (a·b for the first chunk: acc is None)."""
+    return torch.bmm(a, b) if acc is None else acc.baddbmm_(a, b)
 
-    With G = ∇P ⊙ P (the derivative of exp(-||q_i - l_j||²/2)):
-    ∇q = G·l - rowsum(G) ⊙ q and ∇l = Gᵀ·q - colsum(G) ⊙ l; ∇P = ∇out·Wᵀ (P·W) or
-    W·∇outᵀ (Pᵀ·W), ∇W = Pᵀ·∇out or P·∇out. Computed over row chunks of P, so only one
-    chunk of P and ∇P exists at a time.
-    """
+
+def _cat_rows(parts):
+    """Row chunks (b, rows, c) -> (b, N, c), one copy (none for a single chunk)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+class _Features(torch.autograd.Function):
+    """``kernel_features`` whose backward needs only its output (x is its first d
+    columns): ∇x = ∇f[:d] + 2·∇f[|x|² column] ⊙ x. The output is what ``_KernelMatmul``
+    saves anyway, so nothing else is kept for backward."""
 
     @staticmethod
-    def forward(ctx, q, l, w, transpose):
-        ctx.save_for_backward(q, l, w)
-        ctx.transpose = transpose
-        chunks = _row_chunks(q, l)
-        if transpose:  # Pᵀ·W: (..., m, n), summed over row chunks
-            out = None
-            for i, j in chunks:
-                part = gaussian_kernel(q[..., i:j, :], l).transpose(-1, -2) @ w[..., i:j, :]
-                out = part if out is None else out.add_(part)
-            return out
-        out = q.new_empty(q.shape[:-1] + w.shape[-1:])
-        for i, j in chunks:
-            torch.matmul(gaussian_kernel(q[..., i:j, :], l), w, out=out[..., i:j, :])
-        return out
+    def forward(ctx, x, right):
+        f = kernel_features(x, right)
+        ctx.save_for_backward(f)
+        ctx.right = right
+        return f
 
     @staticmethod
     def backward(ctx, grad):
-        q, l, w = ctx.saved_tensors
+        f, = ctx.saved_tensors
+        d = f.shape[-1] - 2
+        col = d + 1 if ctx.right else d
+        return torch.addcmul(grad[..., :d], grad[..., col:col + 1], f[..., :d],
+                             value=2), None
+
+
+class _KernelMatmul(torch.autograd.Function):
+    """P·W or Pᵀ·W for P = exp(min(q̂·l̂ᵀ, 0)) (features q̂ (b, N, K), l̂ (b, m, K)), with
+    P recomputed in backward instead of kept.
+
+    With G = ∇P ⊙ P (the derivative of the exp): ∇q̂ = G·l̂, ∇l̂ = Gᵀ·q̂, and ∇P = ∇out·Wᵀ
+    (P·W) or W·∇outᵀ (Pᵀ·W), ∇W = Pᵀ·∇out or P·∇out. Computed over row chunks of P, so
+    only one chunk of P and G exists at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, fq, fl, w, transpose):
+        ctx.save_for_backward(fq, fl, w)
+        ctx.transpose = transpose
+        chunks = _row_chunks(fq, fl)
+        if transpose:  # Pᵀ·W: (b, m, n), summed over row chunks
+            out = None
+            for i, j in chunks:
+                out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w[:, i:j])
+            return out
+        return _cat_rows([_kernel(fq[:, i:j], fl) @ w for i, j in chunks])
+
+    @staticmethod
+    def backward(ctx, grad):
+        fq, fl, w = ctx.saved_tensors
         need_q, need_l, need_w, _ = ctx.needs_input_grad
-        grad_q = torch.empty_like(q) if need_q else None
-        grad_l = torch.zeros_like(l) if need_l else None
-        grad_w = None
-        if need_w:  # rows filled chunk by chunk (Pᵀ·W) or a sum over chunks (P·W)
-            grad_w = torch.empty_like(w) if ctx.transpose else torch.zeros_like(w)
-        for i, j in _row_chunks(q, l):
-            qc = q[..., i:j, :]
-            P = gaussian_kernel(qc, l)  # (..., rows, m)
+        grad_q, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
+        grad_l = grad_w = None  # sums over chunks (∇W: for P·W)
+        for i, j in _row_chunks(fq, fl):
+            P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
             if ctx.transpose:  # out = Pᵀ·W
-                wc = w[..., i:j, :]
                 if need_w:
-                    grad_w[..., i:j, :] = P @ grad
-                G = (wc @ grad.transpose(-1, -2)).mul_(P)
+                    grad_w_rows.append(P @ grad)
+                G = torch.bmm(w[:, i:j], grad.transpose(-1, -2)).mul_(P)
             else:  # out = P·W
-                gc = grad[..., i:j, :]
                 if need_w:
-                    grad_w.add_(P.transpose(-1, -2) @ gc)
-                G = (gc @ w.transpose(-1, -2)).mul_(P)
+                    grad_w = _add_product(grad_w, P.transpose(-1, -2), grad[:, i:j])
+                G = torch.bmm(grad[:, i:j], w.transpose(-1, -2)).mul_(P)
             if need_q:
-                grad_q[..., i:j, :] = G @ l - G.sum(-1, keepdim=True) * qc
+                grad_q.append(G @ fl)
             if need_l:
-                grad_l.add_(G.transpose(-1, -2) @ qc - G.sum(-2).unsqueeze(-1) * l)
-        return grad_q, grad_l, grad_w, None
+                grad_l = _add_product(grad_l, G.transpose(-1, -2), fq[:, i:j])
+        if grad_w_rows:
+            grad_w = _cat_rows(grad_w_rows)
+        return _cat_rows(grad_q) if need_q else None, grad_l, grad_w, None
+
+
+def _flat(t):
+    """(..., n, c) -> (b, n, c), one batch dimension (a view where the layout allows)."""
+    return t.reshape(-1, *t.shape[-2:])
 
 
 def kernel_matmul(q, landmarks, w, transpose=False):
@@ -130,7 +183,10 @@ def kernel_matmul(q, landmarks, w, transpose=False):
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    return _KernelMatmul.apply(q, landmarks, w, transpose)
+    fq = _Features.apply(_flat(q), False)
+    fl = _Features.apply(_flat(landmarks), True)
+    out = _KernelMatmul.apply(fq, fl, _flat(w), transpose)
+    return out.view(*q.shape[:-2], *out.shape[-2:])
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'):
@@ -169,8 +225,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         once_up_to = _kernel_plan(q)[1]
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
         chunked = (grad or large) and not torch.jit.is_tracing()
-        if chunked:
-            Z = kernel_matmul(qc, lc, vc, transpose=True)  # (..., m, d)
+        if chunked:  # the features once for both products (and kept once)
+            fq, fl = _Features.apply(_flat(qc), False), _Features.apply(_flat(lc), True)
+            Z = _KernelMatmul.apply(fq, fl, _flat(vc), True).view(lc.shape[:-1] + (-1, ))
         else:
             P = gaussian_kernel(qc, lc)  # (..., N, m), computed once
             Z = P.transpose(-1, -2) @ vc
@@ -189,5 +246,6 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if normalize:
             W = d_inv_sqrt * W
         if chunked:
-            return kernel_matmul(qc, lc, W.to(qc.dtype))
+            out = _KernelMatmul.apply(fq, fl, _flat(W.to(qc.dtype)), False)
+            return out.view(qc.shape[:-1] + (-1, ))
         return P @ W.to(P.dtype)
