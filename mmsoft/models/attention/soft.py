@@ -8,9 +8,9 @@ gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its p
 are also computed in row chunks (P computed twice, never whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
-(``kernel_features``), clamped and exponentiated in place: three passes over an N×m
-tensor and no copies, in training too, where the features also carry the norms'
-gradients (``_KernelMatmul``).
+(``kernel_features``, made once per attention), clamped and exponentiated in place: three
+passes over an N×m tensor and no copies, in training too, where the products with the
+features also give the norms' gradients (``_KernelMatmul``).
 """
 import torch
 
@@ -101,76 +101,79 @@ def _cat_rows(parts):
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-class _Features(torch.autograd.Function):
-    """``kernel_features`` whose backward needs only its output (x is its first d
-    columns): ∇x = ∇f[:d] + 2·∇f[|x|² column] ⊙ x. The output is what ``_KernelMatmul``
-    saves anyway, so nothing else is kept for backward."""
+def _flat(t):
+    """(..., n, c) -> (b, n, c), one batch dimension (a view where the layout allows)."""
+    return t.reshape(-1, *t.shape[-2:])
 
-    @staticmethod
-    def forward(ctx, x, right):
-        f = kernel_features(x, right)
-        ctx.save_for_backward(f)
-        ctx.right = right
-        return f
 
-    @staticmethod
-    def backward(ctx, grad):
-        f, = ctx.saved_tensors
-        d = f.shape[-1] - 2
-        col = d + 1 if ctx.right else d
-        return torch.addcmul(grad[..., :d], grad[..., col:col + 1], f[..., :d],
-                             value=2), None
+def _features_grad(grad_f, f, right=False):
+    """∇x from ∇f for f = ``kernel_features(x, right)``: x is f's first d columns and
+    ∂|x|²/∂x = 2x, so ∇x = ∇f[:d] + 2·∇f[|x|² column] ⊙ x."""
+    d = f.shape[-1] - 2
+    col = d + 1 if right else d
+    return torch.addcmul(grad_f[..., :d], grad_f[..., col:col + 1], f[..., :d], value=2)
 
 
 class _KernelMatmul(torch.autograd.Function):
-    """P·W or Pᵀ·W for P = exp(min(q̂·l̂ᵀ, 0)) (features q̂ (b, N, K), l̂ (b, m, K)), with
-    P recomputed in backward instead of kept.
+    """P·W or Pᵀ·W for P = κ(q, l) = exp(min(q̂·l̂ᵀ, 0)), with P recomputed in backward
+    instead of kept.
 
-    With G = ∇P ⊙ P (the derivative of the exp): ∇q̂ = G·l̂, ∇l̂ = Gᵀ·q̂, and ∇P = ∇out·Wᵀ
-    (P·W) or W·∇outᵀ (Pᵀ·W), ∇W = Pᵀ·∇out or P·∇out. Computed over row chunks of P, so
-    only one chunk of P and G exists at a time.
+    Saved for backward: q, l, w as given (tensors the layer keeps anyway). The kernel
+    features q̂, l̂ ((b, ·, d + 2), ``kernel_features``, made once by the caller for all
+    its products) are recomputed in backward instead. With G = ∇P ⊙ P (the derivative of
+    the exp): ∇q̂ = G·l̂ and ∇l̂ = Gᵀ·q̂, which give ∇q and ∇l (``_features_grad``);
+    ∇P = ∇out·Wᵀ (P·W) or W·∇outᵀ (Pᵀ·W), ∇W = Pᵀ·∇out or P·∇out. Computed over row
+    chunks of P, so only one chunk of P and G exists at a time.
     """
 
     @staticmethod
-    def forward(ctx, fq, fl, w, transpose):
-        ctx.save_for_backward(fq, fl, w)
+    def forward(ctx, q, l, w, transpose, fq, fl):
+        ctx.save_for_backward(q, l, w)
         ctx.transpose = transpose
+        w3 = _flat(w)
         chunks = _row_chunks(fq, fl)
         if transpose:  # Pᵀ·W: (b, m, n), summed over row chunks
             out = None
             for i, j in chunks:
-                out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w[:, i:j])
-            return out
-        return _cat_rows([_kernel(fq[:, i:j], fl) @ w for i, j in chunks])
+                out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w3[:, i:j])
+        else:
+            out = _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in chunks])
+        return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
     def backward(ctx, grad):
-        fq, fl, w = ctx.saved_tensors
-        need_q, need_l, need_w, _ = ctx.needs_input_grad
-        grad_q, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
-        grad_l = grad_w = None  # sums over chunks (∇W: for P·W)
+        q, l, w = ctx.saved_tensors
+        need_q, need_l, need_w = ctx.needs_input_grad[:3]
+        fq, fl = kernel_features(_flat(q)), kernel_features(_flat(l), right=True)
+        w3, grad = _flat(w), _flat(grad)
+        grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
+        grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
         for i, j in _row_chunks(fq, fl):
             P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
             if ctx.transpose:  # out = Pᵀ·W
                 if need_w:
                     grad_w_rows.append(P @ grad)
-                G = torch.bmm(w[:, i:j], grad.transpose(-1, -2)).mul_(P)
+                G = torch.bmm(w3[:, i:j], grad.transpose(-1, -2)).mul_(P)
             else:  # out = P·W
                 if need_w:
                     grad_w = _add_product(grad_w, P.transpose(-1, -2), grad[:, i:j])
-                G = torch.bmm(grad[:, i:j], w.transpose(-1, -2)).mul_(P)
+                G = torch.bmm(grad[:, i:j], w3.transpose(-1, -2)).mul_(P)
             if need_q:
-                grad_q.append(G @ fl)
+                grad_fq.append(G @ fl)
             if need_l:
-                grad_l = _add_product(grad_l, G.transpose(-1, -2), fq[:, i:j])
+                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
         if grad_w_rows:
             grad_w = _cat_rows(grad_w_rows)
-        return _cat_rows(grad_q) if need_q else None, grad_l, grad_w, None
+        grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
+        grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
+        return (grad_q, grad_l, None if grad_w is None else grad_w.view(w.shape), None,
+                None, None)
 
 
-def _flat(t):
-    """(..., n, c) -> (b, n, c), one batch dimension (a view where the layout allows)."""
-    return t.reshape(-1, *t.shape[-2:])
+def _features_of(q, landmarks):
+    """q̂ and l̂ as ``_KernelMatmul`` takes them (flat batch, no autograd graph)."""
+    with torch.no_grad():
+        return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
 def kernel_matmul(q, landmarks, w, transpose=False):
@@ -183,10 +186,7 @@ def kernel_matmul(q, landmarks, w, transpose=False):
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    fq = _Features.apply(_flat(q), False)
-    fl = _Features.apply(_flat(landmarks), True)
-    out = _KernelMatmul.apply(fq, fl, _flat(w), transpose)
-    return out.view(*q.shape[:-2], *out.shape[-2:])
+    return _KernelMatmul.apply(q, landmarks, w, transpose, *_features_of(q, landmarks))
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'):
@@ -218,16 +218,16 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     with torch.autocast(device_type=device, enabled=False):
         qc, lc, vc = (t if cast is None or t.dtype == torch.float64 else t.to(cast)
                       for t in (q, landmarks, v))
-        # P in row chunks (``kernel_matmul``) when gradients are needed (then it is never
+        # P in row chunks (``_KernelMatmul``) when gradients are needed (then it is never
         # kept for backward) or when it is too large to form at once on this device; a
         # traced graph keeps the plain products (the chunking is Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
         once_up_to = _kernel_plan(q)[1]
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
         chunked = (grad or large) and not torch.jit.is_tracing()
-        if chunked:  # the features once for both products (and kept once)
-            fq, fl = _Features.apply(_flat(qc), False), _Features.apply(_flat(lc), True)
-            Z = _KernelMatmul.apply(fq, fl, _flat(vc), True).view(lc.shape[:-1] + (-1, ))
+        if chunked:  # the kernel features once for both products
+            features = _features_of(qc, lc)
+            Z = _KernelMatmul.apply(qc, lc, vc, True, *features)  # (..., m, d)
         else:
             P = gaussian_kernel(qc, lc)  # (..., N, m), computed once
             Z = P.transpose(-1, -2) @ vc
@@ -246,6 +246,5 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if normalize:
             W = d_inv_sqrt * W
         if chunked:
-            out = _KernelMatmul.apply(fq, fl, _flat(W.to(qc.dtype)), False)
-            return out.view(qc.shape[:-1] + (-1, ))
+            return _KernelMatmul.apply(qc, lc, W.to(qc.dtype), False, *features)
         return P @ W.to(P.dtype)
