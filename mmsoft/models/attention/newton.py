@@ -189,19 +189,22 @@ def _apply_steps(A, V, Z, steps):
     """V_{s+steps}·Z from V_s with one m×m product per step instead of two.
 
     V_s is a polynomial in A (it commutes with A), so with X_k = A·V_k one step is
-    V_{k+1} = V_k·(2I - X_k) and X_{k+1} = A·V_{k+1} = X_k·(2I - X_k). Hence
+    V_{k+1} = V_k·(2I - X_k) and X_{k+1} = A·V_{k+1} = (2I - X_k)·X_k. Hence
     V_{s+n}·Z = V_s·(2I - X_s)···(2I - X_{s+n-1})·Z: only X is squared (m×m) and the
-    factors are applied to the thin Z (m×n). An error E in V_s is corrected as in the
+    factors are applied to the thin Z (m×n). Both updates are one product, (2I - X_k)
+    times [X_k | Z_k] (one launch per step). An error E in V_s is corrected as in the
     iteration itself: (A⁻¹ + E)(I - A·E) = A⁻¹ - E·A·E.
 
     A, V: (b, m, m); Z: (b, m, n).
     """
-    X = A @ V
-    for k in range(steps):
-        Z = torch.baddbmm(Z, X, Z, beta=2, alpha=-1)
-        if k < steps - 1:
-            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
-    return V @ Z
+    if steps <= 0:
+        return V @ Z
+    m = A.shape[-1]
+    S = torch.cat([A @ V, Z], -1)  # [X | Z]: (b, m, m + n)
+    for _ in range(steps - 1):
+        S = torch.baddbmm(S, S[..., :m], S, beta=2, alpha=-1)
+    # the last step: Z only (X_T is not needed)
+    return V @ torch.baddbmm(S[..., m:], S[..., :m], S[..., m:], beta=2, alpha=-1)
 
 
 def _spectral_filter(lam, alpha, iters):
