@@ -63,7 +63,8 @@ def test_launch_counts(tmp_path):
                     '96x128', '--train-batch', '2', '--json', str(out)])
     rows = json.loads(out.read_text())['launches']
     assert [dict(t) for t in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)] == tables
-    labels = ['Swin-T', 'SOFT-S (auto)', 'SOFT-S (grid16)', 'SOFT-S (regularized)']
+    labels = ['Swin-T', 'SOFT-S (auto)', 'SOFT-S (grid16)', 'SOFT-S (regularized)',
+              'XCiT-SimA-S12/16']
     assert set(rows) == {f'{label} {size}' for label in labels
                          for size in ('64x64', '96x128')}
     for row in rows.values():

@@ -24,8 +24,8 @@ Sections (``--sections``, default all):
            forward at batch 1 and one training step at ``--train-batch`` images, for
            SOFT-S modes, the official computation order (forward only) and Swin-T
   launches ATen operators (on a GPU: kernel launches) per forward and training step of
-           SOFT-S modes and Swin-T at each ``--sizes`` entry, counted on the meta device
-           with CUDA's plan (no GPU needed): eager mode's host work per step
+           SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
+           meta device with CUDA's plan (no GPU needed): eager mode's host work per step
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -669,7 +669,7 @@ def _dwconv_step(conv, v, hw, layout, train):
 
 
 LAUNCH_MODELS = (('Swin-T', 'auto'), ('SOFT-S', 'auto'), ('SOFT-S', 'grid16'),
-                 ('SOFT-S', 'regularized'))
+                 ('SOFT-S', 'regularized'), ('XCiT-SimA-S12/16', 'auto'))
 
 
 def section_launches(args, out):
