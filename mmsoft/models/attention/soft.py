@@ -114,6 +114,12 @@ def _features_grad(grad_f, f, right=False):
     return torch.addcmul(grad_f[..., :d], grad_f[..., col:col + 1], f[..., :d], value=2)
 
 
+def _features_of(q, landmarks):
+    """q̂ and l̂ as ``_KernelMatmul`` takes them (flat batch, no autograd graph)."""
+    with torch.no_grad():
+        return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
+
+
 class _KernelMatmul(torch.autograd.Function):
     """P·W or Pᵀ·W for P = κ(q, l) = exp(min(q̂·l̂ᵀ, 0)), with P recomputed in backward
     instead of kept.
@@ -144,7 +150,7 @@ class _KernelMatmul(torch.autograd.Function):
     def backward(ctx, grad):
         q, l, w = ctx.saved_tensors
         need_q, need_l, need_w = ctx.needs_input_grad[:3]
-        fq, fl = kernel_features(_flat(q)), kernel_features(_flat(l), right=True)
+        fq, fl = _features_of(q, l)
         w3, grad = _flat(w), _flat(grad)
         grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
         grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
@@ -168,12 +174,6 @@ class _KernelMatmul(torch.autograd.Function):
         grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
         return (grad_q, grad_l, None if grad_w is None else grad_w.view(w.shape), None,
                 None, None)
-
-
-def _features_of(q, landmarks):
-    """q̂ and l̂ as ``_KernelMatmul`` takes them (flat batch, no autograd graph)."""
-    with torch.no_grad():
-        return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
 def kernel_matmul(q, landmarks, w, transpose=False):
