@@ -7,7 +7,7 @@ backbone and an input batch and returns plain tensors / numbers, so it can be te
 without files.
 """
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -61,26 +61,32 @@ class LaunchCounter(TorchDispatchMode):
 
 
 @contextmanager
+def table_entry(table, key, value):
+    """``table[key] = value`` inside the block (None: no entry), as before afterwards."""
+    old = table.get(key)
+    try:
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+        yield
+    finally:
+        if old is None:
+            table.pop(key, None)
+        else:
+            table[key] = old
+
+
+@contextmanager
 def device_plan(device, like):
     """Let tensors on ``device`` take ``like``'s entries of SOFT's per-device tables
     (``PINV_AUTO``, ``KERNEL_PLAN``, ``LOCAL_CONV_LAYOUT``) inside the block: e.g.
     ``device_plan('meta', like='cuda')`` runs on PyTorch's data-less meta device
     exactly the operators CUDA would run."""
-    tables = (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)
-    saved = [(t, t.get(device)) for t in tables]
-    try:
-        for t in tables:
-            if like in t:
-                t[device] = t[like]
-            else:
-                t.pop(device, None)
+    with ExitStack() as stack:
+        for table in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT):
+            stack.enter_context(table_entry(table, device, table.get(like)))
         yield
-    finally:
-        for t, old in saved:
-            if old is None:
-                t.pop(device, None)
-            else:
-                t[device] = old
 
 
 def soft_attention_inputs(model, x):

@@ -641,22 +641,15 @@ def _kernel_once(q, lm, v, w):
 
 
 def _kernel_chunked(device, chunk, train, q, lm, v, w):
+    from mmsoft.analysis import table_entry
     from mmsoft.models.attention import KERNEL_PLAN, kernel_matmul
-    old = KERNEL_PLAN.get(device)
-    KERNEL_PLAN[device] = (chunk, None)
-    try:
-        with torch.set_grad_enabled(train):
-            z = kernel_matmul(q, lm, v, transpose=True)
-            out = kernel_matmul(q, lm, w)
-            if train:
-                (z.sum() + out.sum()).backward()
-                for t in (q, lm, v, w):
-                    t.grad = None
-    finally:
-        if old is None:
-            del KERNEL_PLAN[device]
-        else:
-            KERNEL_PLAN[device] = old
+    with table_entry(KERNEL_PLAN, device, (chunk, None)), torch.set_grad_enabled(train):
+        z = kernel_matmul(q, lm, v, transpose=True)
+        out = kernel_matmul(q, lm, w)
+        if train:
+            (z.sum() + out.sum()).backward()
+            for t in (q, lm, v, w):
+                t.grad = None
 
 
 def _dwconv_step(conv, v, hw, layout, train):
