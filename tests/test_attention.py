@@ -73,6 +73,18 @@ def test_alpha_from_row_sums_equals_alpha_from_a_squared(scale):
         assert (slow < 2.0 / A.sum(-1).amax(-1).pow(2)[:, None, None] / 8).all()
 
 
+@pytest.mark.parametrize('max_halvings', [3, 8, 10])
+def test_alpha_capped_halvings_equal_the_loop(max_halvings):
+    """An all-ones kernel needs 8 halvings: with fewer allowed, both ways stop at the cap
+    (the row-sum way takes the last candidate), with more, at the same first α."""
+    A = torch.ones(2, 40, 40)
+    slow = newton_alpha(A, max_halvings=max_halvings)
+    fast = newton_alpha(A, max_halvings=max_halvings, nonnegative=True)
+    assert torch.equal(slow, fast)
+    start = 2.0 / 40**2
+    assert torch.equal(fast, torch.full((2, 1, 1), start / 2**min(max_halvings, 8)))
+
+
 def test_gaussian_kernel_gradient():
     a = torch.randn(2, 7, 4, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)

@@ -97,25 +97,24 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
         which would make one image's output depend on the others in its batch).
     """
     # (|A| is A itself when nonnegative: no m×m temporary, the same sums.)
-    row_sums = A.sum(-1) if nonnegative else A.abs().sum(-1)
-    alpha = 2.0 / row_sums.amax(-1).pow(2)  # (...)
-    alpha = alpha[..., None, None]
+    row_sums = A.sum(-1, keepdim=True) if nonnegative else A.abs().sum(-1, keepdim=True)
+    alpha = 2 * row_sums.amax(-2, keepdim=True).pow(-2)  # (..., 1, 1); pow(-2) is 1/x²
     if nonnegative:
         # a_j = ||A_j||², without an m×m temporary (it only decides the halvings)
         diag = torch.linalg.vector_norm(A, dim=-1).pow(2)[..., None, :]  # (..., 1, m)
-        off = (A @ A.sum(-1, keepdim=True)).transpose(-1, -2) - diag  # s_j - a_j
+        off = (A @ row_sums).transpose(-1, -2) - diag  # s_j - a_j
         # Candidates α/2^j, j = 0 … max_halvings, along a new last dim: powers of two
         # (exact) made on A's device (a tensor from a Python list would be a host-to-
         # device copy, which synchronizes with a GPU in every call).
         scales = 0.5**torch.arange(max_halvings + 1, dtype=A.dtype, device=A.device)
-        cand = alpha[..., None] * scales[:-1]  # (..., 1, 1, J)
-        norms = ((1 - cand * diag[..., None]).abs() + cand * off[..., None]).amax(-2)
-        # The first candidate that meets the bound, else max_halvings halvings (a True
-        # sentinel): the value of the sequential loop below, in a few launches.
-        ok = torch.cat([norms <= 1.01, torch.ones_like(norms[..., :1], dtype=torch.bool)],
-                       -1)
-        first = ok.to(A.dtype).argmax(-1)  # (..., 1), argmax takes the first maximum
-        return alpha * scales[first].unsqueeze(-1)
+        cand = alpha[..., None] * scales  # (..., 1, 1, J + 1)
+        c = cand[..., :-1]
+        norms = ((1 - c * diag[..., None]).abs() + c * off[..., None]).amax(-2)
+        # The bound holds for every α below one that meets it (the norm is convex in α
+        # and 1 at α = 0; the margins dwarf rounding), so the halvings of the sequential
+        # loop below are the candidates that miss it, at most max_halvings.
+        halvings = (norms > 1.01).sum(-1, keepdim=True)  # (..., 1, 1)
+        return cand.gather(-1, halvings[..., None]).squeeze(-1)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     AA = A @ A
     # A fixed number of steps with torch.where (no data-dependent break): the result is

@@ -8,9 +8,10 @@ gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its p
 are also computed in row chunks (P computed twice, never whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
-(``kernel_features``, made once per attention), clamped and exponentiated in place: three
-passes over an N×m tensor and no copies, in training too, where the products with the
-features also give the norms' gradients (``_KernelMatmul``).
+(``kernel_features``, made once per attention; the landmarks' serve both P and the m×m
+kernel A), clamped and exponentiated in place: three passes over an N×m tensor and no
+copies, in training too, where the products with the features also give the norms'
+gradients (``_KernelMatmul``).
 """
 import torch
 
@@ -59,6 +60,11 @@ def kernel_features(x, right=False):
     sq = x.to(_float_dtype(x)).pow(2).sum(-1, keepdim=True).to(x.dtype)
     half = torch.full_like(sq, -0.5)
     return torch.cat([x, half, sq] if right else [x, sq, half], -1)
+
+
+def _left_from_right(f):
+    """[x, |x|², -1/2] from [x, -1/2, |x|²] (``kernel_features``): one copy, no norms."""
+    return torch.cat([f[..., :-2], f[..., -1:], f[..., -2:-1]], -1)
 
 
 def _kernel(fa, fb):
@@ -225,16 +231,18 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         once_up_to = _kernel_plan(q)[1]
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
         chunked = (grad or large) and not torch.jit.is_tracing()
-        if chunked:  # the kernel features once for both products
-            features = _features_of(qc, lc)
+        # The small m×m landmark kernel and its inverse always stay in float32. Its right
+        # features are P's too unless P runs in another dtype (autocast, half inputs).
+        dtype = _float_dtype(landmarks)
+        fm = kernel_features(landmarks.to(dtype), right=True)  # (..., m, d + 2)
+        A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
+        fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
+        if chunked:  # the kernel features once for both products (no graph: see below)
+            features = (kernel_features(_flat(qc.detach())), _flat(fl.detach()))
             Z = _KernelMatmul.apply(qc, lc, vc, True, *features)  # (..., m, d)
         else:
-            P = gaussian_kernel(qc, lc)  # (..., N, m), computed once
+            P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
             Z = P.transpose(-1, -2) @ vc
-        # The small m×m landmark kernel and its inverse always stay in float32.
-        dtype = _float_dtype(landmarks)
-        lm = landmarks.to(dtype)
-        A = gaussian_kernel(lm, lm)  # (..., m, m)
         Z = Z.to(dtype)
         if normalize:
             d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
