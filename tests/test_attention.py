@@ -85,6 +85,23 @@ def test_alpha_capped_halvings_equal_the_loop(max_halvings):
     assert torch.equal(fast, torch.full((2, 1, 1), start / 2**min(max_halvings, 8)))
 
 
+def test_zero_padding_keeps_the_iterate():
+    """A zero-padded to a larger size (aligned sizes for matrix products): α and the
+    T-step iterate on A's block are A's own, the zero block stays zero."""
+    A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
+    Z = torch.randn(2, 30, 5, dtype=torch.float64)
+    Ap = torch.nn.functional.pad(A, (0, 2, 0, 2))
+    Zp = torch.nn.functional.pad(Z, (0, 0, 0, 2))
+    assert torch.equal(newton_alpha(Ap, nonnegative=True), newton_alpha(A, nonnegative=True))
+    Y, Yp = newton_pinv(A, method='iterative'), newton_pinv(Ap, method='iterative')
+    tol = 1e-12 * Y.abs().max().item()
+    assert torch.allclose(Yp[:, :30, :30], Y, rtol=0, atol=tol)
+    assert (Yp[:, 30:] == 0).all() and (Yp[:, :, 30:] == 0).all()
+    W = newton_pinv_apply(Ap, Zp, method='iterative')
+    assert torch.allclose(W[:, :30], Y @ Z, rtol=0, atol=100 * tol * Z.abs().max().item())
+    assert (W[:, 30:] == 0).all()
+
+
 def test_gaussian_kernel_gradient():
     a = torch.randn(2, 7, 4, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)

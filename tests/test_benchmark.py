@@ -23,6 +23,7 @@ def test_benchmark_sections(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert '| backbone | 64x64 |' in printed and '| mode | what |' in printed
     assert set(res['pinv']) == {'16', '130'}
+    assert 'iterative, applied, m padded to ×8' in res['pinv']['130']  # 130 -> 136
     assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
                                   for step in ('forward', 'train')}
     assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
@@ -162,3 +163,22 @@ def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
     assert '| failed |' in soft and '(fitted on 2 sizes)' in soft
     pvt = next(line for line in lines if line.startswith('| PVT-S'))
     assert pvt.count('N² too large') == 2 and 'failed' not in pvt
+
+
+def test_zero_padded_pinv_is_the_same_iterate():
+    """The pinv section's padded columns compute what the plain ones do, cut back to m,
+    also where the padded size equals Z's width (m = 25 -> 32, 32 columns)."""
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
+    import torch
+
+    from tools.benchmark import _zero_padded
+    x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
+    A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)
+    formed = _zero_padded(lambda A, Z: newton_pinv(A, method='iterative'), 8, formed=True)
+    applied = _zero_padded(lambda A, Z: newton_pinv_apply(A, Z, method='iterative'), 8,
+                           formed=False)
+    Y = newton_pinv(A, method='iterative')
+    assert formed(A, Z).shape == (3, 25, 25) and applied(A, Z).shape == (3, 25, 32)
+    scale = Y.abs().max().item()
+    assert torch.allclose(formed(A, Z), Y, rtol=0, atol=1e-12 * scale)
+    assert torch.allclose(applied(A, Z), Y @ Z, rtol=0, atol=1e-10 * scale * Z.abs().max())

@@ -4,7 +4,8 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), the iterate applied to a thin matrix (inference),
-           eigh, and on CUDA the TF32 schedule
+           eigh, and on CUDA the TF32 schedule; the iterations also on A zero-padded to
+           a multiple of ``--pinv-pad`` landmarks (the same iterate, aligned sizes)
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what ``LOCAL_CONV_LAYOUT`` should say for the device
@@ -512,6 +513,24 @@ def section_memory(args, out):
     return lines
 
 
+def _zero_padded(fn, multiple, formed):
+    """fn(A, Z) run on A padded with zero rows and columns (and Z with zero rows) to a
+    multiple of ``multiple`` landmarks, the result cut back: the same iterate (A's block
+    does not mix with the zero block; α is unchanged), with aligned matrix sizes.
+    ``formed``: fn returns the (m, m) iterate, else the (m, n) product with Z."""
+    import torch.nn.functional as F
+
+    def run(A, Z):
+        m = A.shape[-1]
+        pad = -m % multiple
+        if not pad:
+            return fn(A, Z)
+        out = fn(F.pad(A, (0, pad, 0, pad)), F.pad(Z, (0, 0, 0, pad)))
+        return out[..., :m, :m] if formed else out[..., :m, :]
+
+    return run
+
+
 def section_pinv(args, out):
     """Batched 20-step pseudo-inverse of Gaussian-kernel matrices, by method."""
     from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
@@ -525,6 +544,11 @@ def section_pinv(args, out):
     if args.device == 'cuda':  # elsewhere TF32 is only emulated
         cols['tf32, applied'] = lambda A, Z: newton_pinv_apply(A, Z, method='tf32',
                                                                nonnegative=True)
+    k = args.pinv_pad
+    if k > 1:  # the iterations again on sizes padded to a multiple of k
+        for name in [c for c in cols if c != 'spectral (eigh)']:
+            cols[f'{name}, m padded to ×{k}'] = _zero_padded(cols[name], k,
+                                                             formed=name == 'iterative')
     lines = ['| m | batch | ' + ' | '.join(cols) + ' |', '|---|---|' + '---|' * len(cols)]
     rows = {}
     for m in args.pinv_sizes:
@@ -542,6 +566,10 @@ def section_pinv(args, out):
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' multiplies it into a thin 32-column matrix without "
                  'forming it (T products, inference).')
+    if k > 1:
+        lines.append(f"'padded': A with zero rows and columns up to a multiple of {k} "
+                     '(the same iterate on its block; aligned sizes for the matrix '
+                     'products), the result cut back.')
     return lines
 
 
@@ -737,6 +765,9 @@ def main(argv=None):
     parser.add_argument('--pinv-sizes', nargs='+', type=int,
                         default=[16, 49, 64, 100, 128, 196, 400, 1025],
                         help='landmark counts m of the pinv section')
+    parser.add_argument('--pinv-pad', type=int, default=8, metavar='K',
+                        help='pinv: also time the iterations with m zero-padded to a '
+                        'multiple of K (1: not)')
     parser.add_argument('--skip-official', action='store_true',
                         help='skip the (slow) official computation order')
     parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,
