@@ -8,8 +8,8 @@ gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its p
 are also computed in row chunks (P computed twice, never whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
-(``kernel_features``, made once per attention; the landmarks' serve both P and the m×m
-kernel A), clamped and exponentiated in place: three passes over an N×m tensor and no
+(``kernel_features``, made once per attention; in inference the landmarks' serve both P
+and the m×m kernel A), clamped and exponentiated in place: three passes over an N×m tensor and no
 copies, in training too, where the products with the features also give the norms'
 gradients (``_KernelMatmul``).
 """
@@ -231,18 +231,23 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         once_up_to = _kernel_plan(q)[1]
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
         chunked = (grad or large) and not torch.jit.is_tracing()
-        # The small m×m landmark kernel and its inverse always stay in float32. Its right
-        # features are P's too unless P runs in another dtype (autocast, half inputs).
+        # The small m×m landmark kernel A and its inverse always stay in float32.
         dtype = _float_dtype(landmarks)
-        fm = kernel_features(landmarks.to(dtype), right=True)  # (..., m, d + 2)
-        A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
-        fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
-        if chunked:  # the kernel features once for both products (no graph: see below)
-            features = (kernel_features(_flat(qc.detach())), _flat(fl.detach()))
+        lm = landmarks.to(dtype)
+        if chunked:  # the kernel features once for both products
+            features = _features_of(qc, lc)
             Z = _KernelMatmul.apply(qc, lc, vc, True, *features)  # (..., m, d)
+            A = gaussian_kernel(lm, lm)  # (..., m, m)
         else:
+            # The landmarks' features serve A and P (unless P runs in another dtype:
+            # autocast, half inputs). Not in training, where they would have to exist
+            # before Z's Function: the landmarks' gradients are then summed in another
+            # order (same math; last bits differ, and so do long training runs).
+            fm = kernel_features(lm, right=True)
+            fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
             P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
             Z = P.transpose(-1, -2) @ vc
+            A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
         Z = Z.to(dtype)
         if normalize:
             d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
