@@ -66,12 +66,14 @@ def test_retinanet_train_resume_test(workdir):
     ckpt = mmsoft_load(wd / 'iter_200.pth', map_location='cpu')  # weights_only stays on
     assert ckpt['meta']['iter'] == 200
     # 3) the trained model finds the objects; the untrained one does not (measured here:
-    #    0.30 bbox mAP after 200 iterations with the config's seed, 0.0 untrained)
+    #    0.30 bbox mAP after 200 iterations with the config's seed, 0.0 untrained; seeds
+    #    1, 2, 3 gave 0.27, 0.12, 0.39, and a change of the gradients' last bits 0.14: the
+    #    bound leaves room for that spread, which says nothing about the code)
     trained = tool_metric(DET_CFG, wd / 'iter_200.pth', workdir, wd / 't',
                                'coco/bbox_mAP')
     init = untrained_checkpoint(DET_CFG, wd / 'untrained.pth')
     untrained = tool_metric(DET_CFG, init, workdir, wd / 'u', 'coco/bbox_mAP')
-    assert trained > 0.15 and trained > untrained + 0.1, (trained, untrained)
+    assert trained > 0.08 and trained > untrained + 0.08, (trained, untrained)
     # 4) mmdet's own test tool and `mim test mmdet` (onedl: onedl-mmdetection) load the
     #    same checkpoint
     import mmdet
