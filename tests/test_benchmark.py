@@ -168,9 +168,9 @@ def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
 def test_zero_padded_pinv_is_the_same_iterate():
     """The pinv section's padded columns compute what the plain ones do, cut back to m,
     also where the padded size equals Z's width (m = 25 -> 32, 32 columns)."""
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
     import torch
 
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
     from tools.benchmark import _zero_padded
     x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
     A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)

@@ -8,10 +8,10 @@ gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its p
 are also computed in row chunks (P computed twice, never whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
-(``kernel_features``, made once per attention; in inference the landmarks' serve both P
-and the m×m kernel A), clamped and exponentiated in place: three passes over an N×m tensor and no
-copies, in training too, where the products with the features also give the norms'
-gradients (``_KernelMatmul``).
+(``kernel_features``, made once per attention; where inference forms P whole, the
+landmarks' features serve both P and the m×m kernel A), clamped and exponentiated in
+place: three passes over an N×m tensor and no copies, in training too, where the
+products with the features also give the norms' gradients (``_KernelMatmul``).
 """
 import torch
 
