@@ -564,8 +564,9 @@ def section_pinv(args, out):
                      + ' |')
     out['pinv'] = rows
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
-                 "backward); 'applied' multiplies it into a thin 32-column matrix without "
-                 'forming it (T products, inference).')
+                 "backward); 'applied' forms T - 1 steps and applies the last one to a "
+                 'thin 32-column matrix (2T - 2 products, inference); spectral: eigh and '
+                 'its first-order correction (two float64 products).')
     if k > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of {k} "
                      '(the same iterate on its block; aligned sizes for the matrix '
