@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .models.attention import (KERNEL_PLAN, PINV_AUTO, gaussian_kernel, newton_pinv,
-                               newton_pinv_error, normalize_inverse)
+from .models.attention import (KERNEL_PLAN, PINV_AUTO, gaussian_kernel, newton_alpha,
+                               newton_pinv, newton_pinv_error, normalize_inverse)
 from .models.backbones.soft import LOCAL_CONV_LAYOUT, SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
@@ -213,6 +213,38 @@ def newton_convergence(model, x, iters=20):
         errs = [newton_pinv_error(A, newton_pinv(A, iters=k)).mean().item()
                 for k in range(iters + 1)]
         out[name] = dict(errors=errs, m=A.shape[-1])
+    return out
+
+
+@torch.no_grad()
+def newton_boundary(model, x, iters=20, near=1.9):
+    """Where each landmark kernel's spectrum sits against the iterate's convergence
+    boundary αλ² = 2 (SPEC 1.1 step 5), per SOFT layer.
+
+    On an eigenvalue λ of A the T-step iterate is v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, so
+    λ·v_T(λ) - 1 = -(1 - αλ²)^(2^T): 0 where the iterate has converged to 1/λ, -1 where
+    it is 0 instead. The official α = 2 / (max row sum)² puts the largest eigenvalue of
+    A ≈ I (landmarks far apart) at αλ² ≈ 2, where that factor is near 1: the iterate
+    then shrinks those directions (A = I exactly: it is 0). Nothing here changes the
+    iterate; it reports what it does.
+
+    Returns:
+        dict[str, dict]: per layer ``m``; ``near_share``: the share of eigenvalues with
+        αλ² ≥ ``near`` (mean over batch and heads); ``max_alpha_lambda2``: the largest
+        αλ² of any kernel (≤ 2 by α's test); ``worst_shortfall``: the largest
+        |1 - αλ²|^(2^T) over eigenvalues with αλ² > 1 and kernels (0: converged, 1: the
+        iterate is 0 in that direction).
+    """
+    out = {}
+    for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
+        A = gaussian_kernel(lm, lm).double()
+        alpha = newton_alpha(A, nonnegative=True).squeeze(-1)  # (..., 1)
+        xs = alpha * torch.linalg.eigvalsh(A).pow(2)  # αλ², (..., m)
+        shortfall = torch.exp(float(2**iters) * torch.log((1 - xs).abs().clamp_min(1e-300)))
+        upper = torch.where(xs > 1, shortfall, torch.zeros_like(shortfall))
+        out[name] = dict(m=A.shape[-1], near_share=(xs >= near).double().mean().item(),
+                         max_alpha_lambda2=xs.max().item(),
+                         worst_shortfall=upper.max().item())
     return out
 
 

@@ -160,6 +160,10 @@ def test_newton_convergence_tool(tmp_path, fixture_configs):
         assert errs[-1] < errs[0]
     norms = list(csv.DictReader(open(tmp_path / 'inverse_norm.csv')))
     assert all(float(r['norm_normalized_pinv']) < float(r['norm_pinv']) for r in norms)
+    boundary = list(csv.DictReader(open(tmp_path / 'boundary.csv')))
+    assert len(boundary) == 4 * 2 == len(res['boundary'])
+    assert all(0 < float(r['max_alpha_lambda2']) <= 2 + 1e-9
+               and 0 <= float(r['worst_shortfall']) <= 1 for r in boundary)
     fig, fig2 = res['figures']
     assert len(fig.axes[0].get_lines()) == 4 and len(fig2.axes[0].get_lines()) == 2
     assert (tmp_path / 'convergence.png').exists() and (tmp_path / 'inverse_norm.png').exists()
@@ -320,3 +324,23 @@ def test_tools_have_help(capsys):
     out = capsys.readouterr().out
     assert 'Example' in out
     assert 'takes about' in out  # complexity --all-configs says how long it runs
+
+
+def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
+    """analysis.newton_boundary on landmarks the test places: far apart (A ≈ I, the
+    official α puts λ_max at αλ² ≈ 2 and the iterate falls short there) and close
+    together (every direction either converged or below αλ² = 1)."""
+    import torch
+
+    from mmsoft import analysis
+    g = torch.Generator().manual_seed(0)
+    far = torch.randn(1, 2, 48, 32, generator=g) * (40 / 32)**0.5
+    near = torch.randn(1, 2, 48, 32, generator=g) * 0.3
+    monkeypatch.setattr(analysis, 'soft_attention_inputs',
+                        lambda model, x: {'far': (None, None, far, None),
+                                          'near': (None, None, near, None)})
+    res = analysis.newton_boundary(None, None)
+    assert res['far']['max_alpha_lambda2'] > 1.9 and res['far']['near_share'] > 0
+    assert res['far']['worst_shortfall'] > 0.1  # the iterate misses 1/λ by > 10 %
+    assert res['near']['max_alpha_lambda2'] < 1.9 and res['near']['near_share'] == 0
+    assert res['near']['worst_shortfall'] < 1e-6

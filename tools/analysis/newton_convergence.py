@@ -5,6 +5,11 @@
 - Fig. 5b: the spectral norm of A⁺ with and without attention normalization against the
   number of landmarks m, by running the images at several sizes (``inverse_norm.csv``,
   ``inverse_norm.png``).
+- The convergence boundary (``boundary.csv``, also printed): per layer and image, the
+  share of A's eigenvalues with αλ² ≥ 1.9 (the official α allows up to 2), the largest
+  αλ², and the worst shortfall |1 - αλ²|^(2^T) of the iterate on the upper side (0: it
+  is 1/λ there; 1: it is 0, as for A = I). Landmarks far apart (A ≈ I) sit there and
+  shrink the attention output; the iterate is the official one either way.
 
 Examples:
   # after bash tools/quickstart.sh: its SOFT-Tiny on mini-set images
@@ -111,6 +116,24 @@ def main(argv=None):
         f'short side {args.size}')
     fig.savefig(osp.join(args.out_dir, 'convergence.png'), dpi=120)
 
+    # Convergence boundary ------------------------------------------------------------
+    boundary_rows = []
+    for img, name in zip(images, names):
+        x = _common.to_tensor(_common.load_image(img, args.size))
+        for layer, r in analysis.newton_boundary(model, x, args.iters).items():
+            boundary_rows.append((layer, name, r['m'], r['near_share'],
+                                  r['max_alpha_lambda2'], r['worst_shortfall']))
+    with open(osp.join(args.out_dir, 'boundary.csv'), 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['layer', 'image', 'landmarks', 'share_alpha_lambda2_ge_1.9',
+                    'max_alpha_lambda2', 'worst_shortfall'])
+        w.writerows(boundary_rows)
+    worst = max(boundary_rows, key=lambda r: r[5])
+    print(f'convergence boundary: largest αλ² {max(r[4] for r in boundary_rows):.3f}, '
+          f'worst shortfall {worst[5]:.2e} ({worst[0]}, {worst[1]}); '
+          f'{sum(r[3] > 0 for r in boundary_rows)} of {len(boundary_rows)} layer/image '
+          'pairs have eigenvalues at αλ² ≥ 1.9 (boundary.csv)')
+
     # Fig. 5b ------------------------------------------------------------------------
     norm_rows = []
     for size in tqdm(args.sizes, desc='inverse norms', file=sys.stderr):
@@ -126,8 +149,10 @@ def main(argv=None):
     fig2 = inverse_norm_figure(norm_rows,
                                f'Spectral norm of the attention inverse\n{about}')
     fig2.savefig(osp.join(args.out_dir, 'inverse_norm.png'), dpi=120)
-    print(f'wrote convergence.csv/png and inverse_norm.csv/png to {args.out_dir}')
-    return dict(convergence=per_layer, inverse_norm=norm_rows, figures=(fig, fig2))
+    print(f'wrote convergence.csv/png, boundary.csv and inverse_norm.csv/png to '
+          f'{args.out_dir}')
+    return dict(convergence=per_layer, boundary=boundary_rows, inverse_norm=norm_rows,
+                figures=(fig, fig2))
 
 
 if __name__ == '__main__':

@@ -44,6 +44,10 @@ PINV_METHODS = ('auto', 'iterative', 'spectral', 'tf32', 'regularized')
 # type not listed uses 'iterative'. Measured with tools/benchmark.py --sections pinv:
 # - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products
 #   above m = 128 (m = 1025: 2.40 s vs 14.6 s for a batch of 20; README "Benchmarks").
+#   With its first-order correction (``_spectral_factors``) still so: `--sections pinv
+#   --pinv-sizes 100 128 196 256 400 --pinv-pad 1`, batch 20, spectral vs the formed
+#   iterate: 23.6 / 26.9 ms, 90.7 / 27.6, 143 / 340, 232 / 329, 496 / 1132 (one run,
+#   beside another job).
 # - cuda: NVIDIA H100, torch 2.11 + CUDA 13 (issue #13). cuSOLVER's batched eigh handles
 #   one matrix at a time above 32×32 and was slower than the float32 iterations for every
 #   m ≥ 49 (m = 256: 100 ms vs 3.4 ms; m = 1025, batch 20: 236 ms vs 48 ms).
