@@ -1,5 +1,6 @@
 """Looking inside the backbones: attention maps, Newton–Raphson convergence, inverse norms,
-and what a forward asks of a GPU's host (operators launched, host-device transfers).
+the accuracy of the pseudo-inverse paths on hard kernels, and what a forward asks of a
+GPU's host (operators launched, host-device transfers).
 
 Used by tools/analysis/*.py and tools/benchmark.py (which hold the plumbing: images,
 figures, options in tools/analysis/_common.py); every function here works on a built
@@ -15,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .models.attention import (KERNEL_PLAN, PINV_AUTO, gaussian_kernel, newton_alpha,
-                               newton_pinv, newton_pinv_error, normalize_inverse)
+                               newton_pinv, newton_pinv_apply, newton_pinv_error,
+                               normalize_inverse)
 from .models.backbones.soft import LOCAL_CONV_LAYOUT, SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
@@ -263,6 +265,95 @@ def inverse_spectral_norms(model, x):
         plain = torch.linalg.matrix_norm(Y, ord=2).mean().item()
         normed = torch.linalg.matrix_norm(normalize_inverse(A, Y), ord=2).mean().item()
         out[name] = dict(m=A.shape[-1], plain=plain, normalized=normed)
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# Accuracy of the pseudo-inverse paths on landmark kernels that are hard for float32
+# ------------------------------------------------------------------------------------
+HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity')
+
+
+def hard_landmarks(kind, m, d=32, seed=0):
+    """(m, d) float64 landmarks whose Gaussian kernel is hard for a float32 inverse.
+
+    'clustered': 4 tight clusters (cond ~5e2); 'pooled': 2×2 means of smooth tokens, as
+    SOFT pools them (cond ~2e4 at m = 196); 'duplicated': a quarter of the landmarks twice
+    (singular); 'near_rank1': all near one point (cond ~2e7); 'near_identity': far apart,
+    squared norms ~20 (αλ² close to 2). 'pooled' needs m = k² (k even or odd).
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    if kind == 'clustered':
+        if m % 4:
+            raise ValueError(f"'clustered' needs m divisible by 4, got {m}")
+        return (randn(4, 1, d) * 0.6 + 0.08 * randn(4, m // 4, d)).reshape(m, d)
+    if kind == 'pooled':
+        side = round(m**0.5)
+        if side * side != m:
+            raise ValueError(f"'pooled' needs a square m, got {m}")
+        t = F.avg_pool2d(randn(1, d, 2 * side, 2 * side) * 0.35, 3, 1, 1)
+        return F.avg_pool2d(t, 2).flatten(2)[0].T.contiguous()
+    if kind == 'duplicated':
+        x = randn(m - m // 4, d) * 0.3
+        return torch.cat([x, x[:m // 4]])
+    if kind == 'near_rank1':
+        return randn(1, d) + 1e-2 * randn(m, d)
+    if kind == 'near_identity':
+        return randn(m, d) * (20 / d)**0.5
+    raise ValueError(f'kind must be one of {HARD_KERNELS}, got {kind!r}')
+
+
+def official_float32_iterate(A, iters=20):
+    """The official code's iterate in float32, V ← 2V - (V·A)·V from V₀ = αA (one α per
+    matrix, SPEC 1.1 step 5): the accuracy floor of every default path."""
+    A = A.float()
+    V = newton_alpha(A) * A
+    for _ in range(iters):
+        V = 2 * V - (V @ A) @ V
+    return V
+
+
+def float64_iterate(A, iters=20):
+    """The reference: the T-step iterate of A in float64."""
+    A = A.double()
+    V = newton_alpha(A) * A
+    for _ in range(iters):
+        V = 2 * V - V @ (A @ V)
+    return V
+
+
+def relative_deviation(W, ref):
+    """max|W - ref| / max|ref|, in float64."""
+    return ((W.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def pinv_accuracy(kind, m, seed=0, n=32, methods=('iterative', 'spectral', 'tf32')):
+    """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path,
+    next to the official float32 iteration's (the floor).
+
+    Returns:
+        dict: ``floor`` (the official float32 deviation) and, per method,
+        ``'<method> inference'`` (no gradient) and ``'<method> training'`` (the path with
+        gradients), each as a ratio to the floor.
+    """
+    x = hard_landmarks(kind, m, seed=seed)
+    A = gaussian_kernel(x, x).float()
+    Z = torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 1))
+    ref = float64_iterate(A) @ Z.double()
+    floor = relative_deviation(official_float32_iterate(A) @ Z, ref)
+    out = dict(floor=floor)
+    for method in methods:
+        with torch.no_grad():
+            W = newton_pinv_apply(A, Z, method=method, nonnegative=True)
+        out[f'{method} inference'] = relative_deviation(W, ref) / floor
+        with torch.enable_grad():
+            W = newton_pinv_apply(A.clone().requires_grad_(), Z, method=method,
+                                  nonnegative=True)
+        out[f'{method} training'] = relative_deviation(W.detach(), ref) / floor
     return out
 
 

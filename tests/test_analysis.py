@@ -317,7 +317,9 @@ def test_tools_have_help(capsys):
     import demo
     import export_onnx
     import newton_convergence
-    for tool in (attention_maps, newton_convergence, complexity, demo, export_onnx):
+    import pinv_accuracy
+    for tool in (attention_maps, newton_convergence, complexity, demo, export_onnx,
+                 pinv_accuracy):
         with pytest.raises(SystemExit) as e:
             tool.main(['--help'])
         assert e.value.code == 0
@@ -344,3 +346,23 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
     assert res['far']['worst_shortfall'] > 0.1  # the iterate misses 1/λ by > 10 %
     assert res['near']['max_alpha_lambda2'] < 1.9 and res['near']['near_share'] == 0
     assert res['near']['worst_shortfall'] < 1e-6
+
+
+def test_pinv_accuracy_tool(capsys):
+    """tools/analysis/pinv_accuracy.py: a row per kernel, size and seed with the floor
+    and each path's ratio to it; the exact default paths within 2×, 'tf32' (emulated)
+    far below the floor on clustered landmarks (up to 35× measured)."""
+    import pinv_accuracy
+    rows = pinv_accuracy.main(['--kinds', 'clustered', 'near_identity', '--sizes', '64',
+                               '--seeds', '0', '1'])
+    assert [(r['kind'], r['seed']) for r in rows] == [('clustered', 0), ('clustered', 1),
+                                                     ('near_identity', 0),
+                                                     ('near_identity', 1)]
+    for r in rows:
+        assert 0 < r['floor'] < 1e-4
+        for path in ('iterative inference', 'iterative training', 'spectral inference',
+                     'spectral training'):
+            assert r[path] <= 2, (r['kind'], path, r[path])
+    assert all(r['tf32 inference'] > 5 for r in rows if r['kind'] == 'clustered')
+    out = capsys.readouterr().out
+    assert '| clustered | 64 | 0 |' in out and 'worst: iterative inference' in out

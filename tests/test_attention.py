@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from mmsoft.analysis import (HARD_KERNELS, float64_iterate, hard_landmarks,
+                             official_float32_iterate, relative_deviation)
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
@@ -439,71 +441,27 @@ def test_round_tf32_keeps_ten_mantissa_bits():
 # training paths) is within 2× of the official float32 iteration's output deviation from
 # the float64 20-step iterate of the same float32 kernel.
 # ------------------------------------------------------------------------------------
-HARD_KINDS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity')
-
-
-def hard_landmarks(kind, m, d=32, seed=0):
-    """(m, d) float64 landmarks whose Gaussian kernel is hard for a float32 inverse."""
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    if kind == 'clustered':  # 4 tight clusters: cond ~5e2
-        return (randn(4, 1, d) * 0.6 + 0.08 * randn(4, m // 4, d)).reshape(m, d)
-    if kind == 'pooled':  # 2×2 means of smooth tokens, as SOFT pools them: cond ~2e4
-        side = 2 * round(m**0.5)
-        t = torch.nn.functional.avg_pool2d(randn(1, d, side, side) * 0.35, 3, 1, 1)
-        return torch.nn.functional.avg_pool2d(t, 2).flatten(2)[0].T.contiguous()
-    if kind == 'duplicated':  # a quarter of the landmarks twice: singular
-        x = randn(m - m // 4, d) * 0.3
-        return torch.cat([x, x[:m // 4]])
-    if kind == 'near_rank1':  # all near one point: one large eigenvalue, cond ~2e7
-        return randn(1, d) + 1e-2 * randn(m, d)
-    if kind == 'near_identity':  # far apart (norms² ~20): αλ² close to 2
-        return randn(m, d) * (20 / d)**0.5
-    raise ValueError(kind)
-
-
 def hard_kernel(kind, m, seed=0):
     x = hard_landmarks(kind, m, seed=seed)
-    assert x.shape[0] == m
+    assert x.shape == (m, 32)
     return gaussian_kernel(x, x).float()
 
 
-def official_float32_iterate(A, iters=20):
-    """The official code's computation: one α per matrix here (SPEC 1.1 step 5), then
-    V ← 2V - (V·A)·V in float32."""
-    V = newton_alpha(A) * A
-    for _ in range(iters):
-        V = 2 * V - (V @ A) @ V
-    return V
-
-
-def iterate64(A, iters=20):
-    """The reference: the float64 T-step iterate of the same (float32) kernel."""
-    A = A.double()
-    V = newton_alpha(A) * A
-    for _ in range(iters):
-        V = 2 * V - V @ (A @ V)
-    return V
-
-
-def deviation(W, ref):
-    return ((W.double() - ref).abs().max() / ref.abs().max()).item()
-
-
 def floor_and_paths(kind, m):
-    """The official float32 deviation and each path's, for Y·Z with a (m, 32) Z."""
+    """A hard kernel, Z (m, 32), the float64 reference A⁺·Z and the official float32
+    iteration's deviation from it (the floor)."""
     A = hard_kernel(kind, m)
     Z = torch.randn(m, 32, generator=torch.Generator().manual_seed(1))
-    ref = iterate64(A) @ Z.double()
-    floor = deviation(official_float32_iterate(A) @ Z, ref)
+    ref = float64_iterate(A) @ Z.double()
+    floor = relative_deviation(official_float32_iterate(A) @ Z, ref)
     return A, Z, ref, floor
 
 
+deviation = relative_deviation
+
+
 @pytest.mark.parametrize('m', [64, 196])
-@pytest.mark.parametrize('kind', HARD_KINDS)
+@pytest.mark.parametrize('kind', HARD_KERNELS)
 def test_default_paths_meet_the_official_float32_floor(kind, m):
     """Each default path's deviation ≤ 2× the floor. Measured over 4 seeds of these
     kernels (m = 32-300): the inference path of 'iterative' ≤ 1.39×, its training path

@@ -262,17 +262,21 @@ def _spectral_factors(A, alpha, iters):
     if A.dtype != torch.float32:  # nothing wider to measure a float64 residual in
         return U, torch.diag_embed(_spectral_filter(lam, alpha, iters))
     U64 = U.double()
-    E = U64.transpose(-1, -2) @ (A.double() @ U64)  # Λ + E, (..., m, m)
-    E = 0.5 * (E + E.transpose(-1, -2))
-    lam64 = torch.diagonal(E, dim1=-2, dim2=-1).clone()
+    E = U64.transpose(-1, -2) @ (A.double() @ U64)  # Uᵀ·A·U = Λ + E, (..., m, m)
+    lam64 = torch.diagonal(E, dim1=-2, dim2=-1).clone()  # Rayleigh quotients
     a64 = alpha.double()
     v = _spectral_filter(lam64, a64, iters)  # (..., m)
-    dv = _spectral_filter_derivative(lam64, a64, iters)
-    diff = lam64.unsqueeze(-1) - lam64.unsqueeze(-2)  # (..., m, m)
-    close = diff.abs() <= 1e-7 * lam64.abs().amax(-1, keepdim=True).unsqueeze(-1)
-    D = torch.where(close, 0.5 * (dv.unsqueeze(-1) + dv.unsqueeze(-2)),
-                    (v.unsqueeze(-1) - v.unsqueeze(-2)) / torch.where(close, 1.0, diff))
-    return U64, (D * E).diagonal_scatter(v, dim1=-2, dim2=-1)
+    dv = _spectral_filter_derivative(lam64, a64, iters).unsqueeze(-1)
+    # D in place (m×m temporaries are the cost here): (v_i - v_j) / (λ_i - λ_j), and
+    # v'(λ_i) where |λ_i - λ_j| ≤ 1e-7·max|λ| (the diagonal, near-equal eigenvalues)
+    diff = lam64.unsqueeze(-1) - lam64.unsqueeze(-2)
+    tol = 1e-7 * lam64.abs().amax(-1, keepdim=True).unsqueeze(-1)
+    close = (diff <= tol) & (diff >= -tol)
+    D = (v.unsqueeze(-1) - v.unsqueeze(-2)).div_(diff.masked_fill_(close, 1.0))
+    D = torch.where(close, dv, D, out=D)
+    M = E.mul_(D)  # D ∘ E off the diagonal (E's own storage)
+    torch.diagonal(M, dim1=-2, dim2=-1).copy_(v)
+    return U64, M
 
 
 def _iteration_start(A, iters, method, nonnegative):
