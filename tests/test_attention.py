@@ -351,7 +351,9 @@ def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch):
             soft_attention(q, lm, v, pinv_method='iterative').sum().backward()
         counts[k] = count.counts
     per_chunk = {op: (counts[4][op] - counts[2][op]) / 2 for op in counts[4]}
-    assert sum(per_chunk.values()) == 4 * 3 + 12, per_chunk
+    # 24 with torch 2.14.1; how matmul reaches the backend (bmm, mm, expand copies)
+    # differs between torch versions, so this is a budget, not an exact count
+    assert sum(per_chunk.values()) <= 4 * 3 + 12, per_chunk
     assert per_chunk['exp_'] == 4 and not any(
         per_chunk.get(op) for op in ('copy_', 'clone', 'pow', 'sum', 'cat')), per_chunk
 
