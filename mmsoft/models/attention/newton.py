@@ -252,11 +252,12 @@ def _spectral_factors(A, alpha, iters):
     (λ_i - λ_j) (the derivative where λ_i ≈ λ_j). U and M stay in float64: applied to a
     thin Z in float32, their three products alone cost up to 7× the official deviation
     where that is one rounding (near-identity A). Cost: two float64 products of m×m
-    matrices per A (README "Benchmarks") and float64 products with the thin Z.
+    matrices per A, a few passes over m×m, and float64 products with the thin Z
+    (docs/numerics.md).
 
     Returns:
-        (Tensor, Tensor): U (..., m, m) and M (..., m, m), symmetric, float64 for a
-        float32 A, else in A's dtype.
+        (Tensor, Tensor): U (..., m, m) and M (..., m, m), symmetric up to float64
+        rounding, float64 for a float32 A, else in A's dtype.
     """
     lam, U = torch.linalg.eigh(A)
     if A.dtype != torch.float32:  # nothing wider to measure a float64 residual in
