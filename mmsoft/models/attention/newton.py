@@ -4,9 +4,9 @@ Paper Alg. 2 ("alternative form"): V₀ = αA, V_{k+1} = 2V_k - V_k·A·V_k for 
 α chosen per matrix; paper Eq. 16 for the backward pass. Every way below computes that
 same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 
-    'iterative'  the matrix iteration in float32: 2T products of m×m matrices. When only
-                 Y·Z is needed (no gradient), the last step is applied to the thin Z
-                 instead (``_iterate_apply``): 2(T - 1) products.
+    'iterative'  the matrix iteration in float32: 2T products of m×m matrices, also
+                 without gradients (applying steps to the thin Z instead is cheaper but
+                 does not correct its own rounding: docs/numerics.md).
     'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues; in
                  float32 with a first-order correction of the decomposition's rounding
                  (``_spectral_factors``).
@@ -20,7 +20,7 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 Accuracy (float32 A): the reference is the float64 T-step iterate of the same A; the
 floor is the official code's float32 iteration, 2V - (V·A)·V. On kernels that are hard
 for it (clustered, pooled, duplicated, near-rank-1 and near-identity landmarks, m = 32 to
-300) 'iterative' and 'spectral' stay within 1.45× and 0.9× of that floor's output
+300) 'iterative' and 'spectral' stay within 1.6× and 0.95× of that floor's output
 deviation, in inference and training, over seeds and thread / SIMD settings
 (``tests/test_attention.py::test_default_paths_meet_the_official_float32_floor``).
 
@@ -62,7 +62,7 @@ PINV_AUTO = {
 # 5.6e-4, 18 TF32 + 2 float32 2.1e-5, 15 TF32 + 5 float32 4.4e-6. The float32 steps do
 # not repair the TF32 rounding in directions that are still converging (small
 # eigenvalues, where the iterate doubles errors instead of squaring them): on the hard
-# kernels of ``tests/test_attention.py`` (emulated TF32) 15 + 5 steps were up to 35× the
+# kernels of ``tests/test_attention.py`` (emulated TF32) 15 + 5 steps were up to 47× the
 # official float32 iteration's deviation, and near-identity kernels (αλ² ≈ 2) can
 # diverge once A's entries are rounded to TF32. So 'tf32' is opt-in, never 'auto'.
 TF32_FP32_STEPS = 5
@@ -328,28 +328,6 @@ class _NewtonInverse:
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
 
-def _iterate_apply(A, Z, iters, method, nonnegative):
-    """Y·Z (no gradient needed) with the last Newton step applied to the thin Z:
-    Y_T·Z = V·(2Z - A·(V·Z)) for V = V_{T-1}, three m×m×n products instead of two m×m×m.
-
-    Only the last step: a formed step corrects the rounding of the steps before it in
-    the converged directions (an error E of V becomes -E·A·E there); applied steps do
-    not correct each other. Measured against the official float32 iteration's output
-    deviation on hard kernels (``tests/test_attention.py``, 4 seeds): all 20 steps
-    applied (X_k = A·V_k squared, the factors 2I - X_k applied to Z) up to 270×, the
-    last 4 applied that way 2.1×; the last 2 / 3 / 4 applied through A as here
-    (recursively) 1.9× / 3.2× / 4.8×, the last one 1.4×.
-    """
-    A3, V, steps = _iteration_start(A, iters, method, nonnegative)
-    m, n = A.shape[-1], Z.shape[-1]
-    Z3 = Z.reshape(-1, m, n)
-    if steps <= 0:
-        return (V @ Z3).reshape(Z.shape)
-    V = _newton_steps(A3, V, steps - 1)
-    VZ = V @ Z3
-    return torch.baddbmm(VZ, V, A3 @ VZ, beta=2, alpha=-1).reshape(Z.shape)
-
-
 class _NewtonPinv(torch.autograd.Function):
     """Y = A⁺ by Newton–Raphson; backward treats Y as an exact inverse (paper Eq. 16)."""
 
@@ -419,9 +397,9 @@ def newton_pinv(A, iters=20, method='auto', nonnegative=False):
 def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
-    Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. Without a gradient
-    to compute, 'iterative' and 'tf32' apply their last step to the thin Z
-    (``_iterate_apply``); 'spectral' never forms A⁺ either way.
+    Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative' and
+    'tf32' form A⁺ (with or without gradients: see the module docstring); 'spectral'
+    never forms it.
 
     Args:
         A (Tensor): (..., m, m), float32 or float64.
@@ -433,9 +411,6 @@ def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
     if method in ('auto', 'regularized'):
         raise ValueError(f'newton_pinv_apply needs a concrete iterate method, got '
                          f'{method!r} (see resolve_pinv_method)')
-    needs_grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
-    if method != 'spectral' and not needs_grad:
-        return _iterate_apply(A, Z, iters, method, nonnegative)
     return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative)
 
 
