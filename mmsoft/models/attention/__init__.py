@@ -5,7 +5,7 @@ SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``kernel_features``      [a, |a|², -1/2] and [b, -1/2, |b|²]: κ = exp(min(â·b̂ᵀ, 0))
     ``kernel_matmul``        κ(q, l)·w or κ(q, l)ᵀ·w, κ recomputed in backward (not kept)
     ``newton_pinv``          Moore–Penrose inverse by Newton–Raphson iteration, per matrix
-    ``newton_pinv_apply``    the same iterate applied to a thin matrix, never formed
+    ``newton_pinv_apply``    A⁺·Z for a thin Z ('spectral' never forms A⁺)
     ``regularized_apply``    fast mode: a Tikhonov solve standing in for the iterate
     ``normalize_inverse``    attention normalization D^-1/2 A⁺ D^-1/2
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
