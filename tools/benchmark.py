@@ -4,7 +4,7 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), A⁺·Z for a thin Z as inference computes it,
-           eigh with its correction, and on CUDA the TF32 schedule; the iterations also on A zero-padded to
+           eigh (float64), and on CUDA the TF32 schedule; the iterations also on A zero-padded to
            a multiple of ``--pinv-pad`` landmarks (the same iterate, aligned sizes)
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
@@ -565,8 +565,8 @@ def section_pinv(args, out):
     out['pinv'] = rows
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
-                 'computes it (the formed iterate times Z); spectral: eigh, its '
-                 'first-order correction (two float64 products) and A⁺·Z.')
+                 'computes it (the formed iterate times Z); spectral: eigh (in float64) '
+                 'and A⁺·Z.')
     if k > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of {k} "
                      '(the same iterate on its block; aligned sizes for the matrix '

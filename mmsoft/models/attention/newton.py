@@ -8,8 +8,7 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  without gradients (applying steps to the thin Z instead is cheaper but
                  does not correct its own rounding: docs/numerics.md).
     'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues; in
-                 float32 with a first-order correction of the decomposition's rounding
-                 (``_spectral_factors``).
+                 float64 also for a float32 A (``_spectral_factors``).
     'tf32'       the iteration with TF32 tensor-core products (CUDA) for the first
                  T - ``TF32_FP32_STEPS`` steps and float32 for the last ones, which
                  correct the early rounding in the converged directions only (see
@@ -44,10 +43,9 @@ PINV_METHODS = ('auto', 'iterative', 'spectral', 'tf32', 'regularized')
 # type not listed uses 'iterative'. Measured with tools/benchmark.py --sections pinv:
 # - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products
 #   above m = 128 (m = 1025: 2.40 s vs 14.6 s for a batch of 20; README "Benchmarks").
-#   With its first-order correction (``_spectral_factors``) still so: `--sections pinv
+#   With eigh in float64 (``_spectral_factors``) still so: `--sections pinv
 #   --pinv-sizes 100 128 196 256 400 --pinv-pad 1`, batch 20, spectral vs the formed
-#   iterate: 23.6 / 26.9 ms, 90.7 / 27.6, 143 / 340, 232 / 329, 496 / 1132 (one run,
-#   beside another job).
+#   iterate: 10.6 / 7.1 ms, 18.3 / 15.7, 38.5 / 47.4, 65.5 / 88.5, 166 / 323.
 # - cuda: NVIDIA H100, torch 2.11 + CUDA 13 (issue #13). cuSOLVER's batched eigh handles
 #   one matrix at a time above 32×32 and was slower than the float32 iterations for every
 #   m ≥ 49 (m = 256: 100 ms vs 3.4 ms; m = 1025, batch 20: 236 ms vs 48 ms).
@@ -222,62 +220,24 @@ def _spectral_filter(lam, alpha, iters):
                        a * lam * float(2**iters))
 
 
-def _spectral_filter_derivative(lam, alpha, iters):
-    """v_T'(λ) = α·N·(2(1 - x)^(N-1) - (1 - (1 - x)^N) / (N·x)), x = αλ², N = 2^T
-    (→ α·N as λ → 0); (..., m) like ``_spectral_filter``."""
-    a = alpha.squeeze(-1)
-    x = a * lam * lam
-    N = float(2**iters)
-    tiny = torch.finfo(lam.dtype).tiny
-    log_base = torch.where(x < 0.5, torch.log1p(-x.clamp(max=0.5)),
-                           torch.log((1 - x).abs().clamp_min(tiny)))
-    power = torch.exp(log_base * (N - 1))  # |1 - x|^(N-1); N - 1 is odd
-    power = torch.where(x > 1, -power, power)
-    ratio = torch.where(x > 0, -torch.expm1(log_base * N) / (N * x.clamp_min(tiny)),
-                        torch.ones_like(x))
-    return a * N * (2 * power - ratio)
-
-
 def _spectral_factors(A, alpha, iters):
-    """(U, M) with Y = U·M·Uᵀ the T-step iterate of symmetric A (..., m, m).
+    """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of symmetric A (..., m, m).
 
-    From A = U·Λ·Uᵀ (eigh), Y = U·diag(v_T(λ))·Uᵀ. In float32 that decomposition is
-    exact only to ~eps·||A||, which moves the filter of eigenvalues near where it turns
-    over (αλ²·2^T ≈ 1) and mixes eigenvectors with close eigenvalues: up to 400× the
-    official float32 iteration's deviation on hard kernels. So for float32 A the
-    decomposition's error is measured and corrected to first order: Uᵀ·A·U = Λ + E in
-    float64 (float32 operands: its products are exact; U is orthogonal to ~eps only,
-    which E accounts for too), and (Daleckii–Krein) Y ≈ U·M·Uᵀ with
-    M = diag(v_T(λ + diag E)) + D ∘ E off the diagonal, D_ij = (v_T(λ_i) - v_T(λ_j)) /
-    (λ_i - λ_j) (the derivative where λ_i ≈ λ_j). U and M stay in float64: applied to a
-    thin Z in float32, their three products alone cost up to 7× the official deviation
-    where that is one rounding (near-identity A). Cost: two float64 products of m×m
-    matrices per A, a few passes over m×m, and float64 products with the thin Z
-    (docs/numerics.md).
+    A = U·Λ·Uᵀ by eigh in float64, also for a float32 A. A float32 decomposition is exact
+    only to ~eps·||A||, which moves the filter of eigenvalues near where it turns over
+    (αλ²·2^T ≈ 1) and mixes eigenvectors of close eigenvalues: up to 400× the official
+    float32 iteration's deviation on hard kernels, 222× on a SOFT-S stage-1 kernel at
+    800×1344. Correcting it to first order from Uᵀ·A·U in float64 met the floor but cost
+    more than a float64 eigh (1.03 s against 0.77 s for 10 kernels of m = 1050 on a 2-core
+    CPU; float32 eigh 0.45 s); docs/numerics.md.
 
     Returns:
-        (Tensor, Tensor): U (..., m, m) and M (..., m, m), symmetric up to float64
-        rounding, float64 for a float32 A, else in A's dtype.
+        (Tensor, Tensor): U (..., m, m) and v (..., m), float64 for a float32 A (applied
+        to the thin Z in float64 too), else in A's dtype.
     """
-    lam, U = torch.linalg.eigh(A)
-    if A.dtype != torch.float32:  # nothing wider to measure a float64 residual in
-        return U, torch.diag_embed(_spectral_filter(lam, alpha, iters))
-    U64 = U.double()
-    E = U64.transpose(-1, -2) @ (A.double() @ U64)  # Uᵀ·A·U = Λ + E, (..., m, m)
-    lam64 = torch.diagonal(E, dim1=-2, dim2=-1).clone()  # Rayleigh quotients
-    a64 = alpha.double()
-    v = _spectral_filter(lam64, a64, iters)  # (..., m)
-    dv = _spectral_filter_derivative(lam64, a64, iters).unsqueeze(-1)
-    # D in place (m×m temporaries are the cost here): (v_i - v_j) / (λ_i - λ_j), and
-    # v'(λ_i) where |λ_i - λ_j| ≤ 1e-7·max|λ| (the diagonal, near-equal eigenvalues)
-    diff = lam64.unsqueeze(-1) - lam64.unsqueeze(-2)
-    tol = 1e-7 * lam64.abs().amax(-1, keepdim=True).unsqueeze(-1)
-    close = (diff <= tol) & (diff >= -tol)
-    D = (v.unsqueeze(-1) - v.unsqueeze(-2)).div_(diff.masked_fill_(close, 1.0))
-    D = torch.where(close, dv, D, out=D)
-    M = E.mul_(D)  # D ∘ E off the diagonal (E's own storage)
-    torch.diagonal(M, dim1=-2, dim2=-1).copy_(v)
-    return U64, M
+    wide = torch.float64 if A.dtype == torch.float32 else A.dtype
+    lam, U = torch.linalg.eigh(A.to(wide))
+    return U, _spectral_filter(lam, alpha.to(wide), iters)
 
 
 def _iteration_start(A, iters, method, nonnegative):
@@ -296,7 +256,7 @@ class _NewtonInverse:
     """The T-step iterate Y of A (..., m, m), kept in whichever form is cheaper to apply.
 
     'iterative' / 'tf32' keep Y itself (``factors`` = (Y,)); 'spectral' keeps A's
-    eigenvectors U and the filter in their basis (``factors`` = (U, M), Y = U·M·Uᵀ,
+    eigenvectors U and v_T of its eigenvalues (``factors`` = (U, v), Y = U·diag(v)·Uᵀ,
     ``_spectral_factors``), which is applied to a thin matrix without forming Y. The factors are plain tensors,
     so an autograd Function can save them for backward (``save_for_backward``).
     """
@@ -315,15 +275,16 @@ class _NewtonInverse:
     def matrix(self, dtype):
         """Y in ``dtype`` (A's)."""
         if self.method == 'spectral':
-            U, M = self.factors
-            return (U @ M @ U.transpose(-1, -2)).to(dtype)
+            U, v = self.factors
+            return ((U * v.unsqueeze(-2)) @ U.transpose(-1, -2)).to(dtype)
         return self.factors[0]
 
     def apply(self, Z, transpose=False):
         """Y·Z (or Yᵀ·Z) for Z of shape (..., m, n), in Z's dtype."""
         if self.method == 'spectral':
-            U, M = self.factors  # M is symmetric: Yᵀ = Y
-            return (U @ (M @ (U.transpose(-1, -2) @ Z.to(U.dtype)))).to(Z.dtype)
+            U, v = self.factors  # Y is symmetric
+            W = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ Z.to(U.dtype)))
+            return W.to(Z.dtype)
         Y = self.factors[0]
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
