@@ -91,6 +91,9 @@ SOFT_MODES = {
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
     'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
     'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
+    'spectral, float32 eigh': (dict(pinv_method='spectral'),
+                               "what 'spectral' did before: eigh in float32 (below the "
+                               'accuracy floor on hard kernels, docs/numerics.md)'),
 }
 
 
@@ -104,6 +107,29 @@ class _OfficialOrder:
 
     def __exit__(self, *exc):
         self.mod.soft_attention = self.orig
+
+
+def _float32_eigh_factors(A, alpha, iters):
+    """'spectral' as it was before it decomposed in float64: eigh in A's float32."""
+    from mmsoft.models.attention import newton
+    lam, U = torch.linalg.eigh(A)
+    return U, newton._spectral_filter(lam, alpha, iters)
+
+
+class _Float32Eigh:
+    """Context manager: 'spectral' with eigh in float32 (for the modes section)."""
+
+    def __enter__(self):
+        from mmsoft.models.attention import newton
+        self.mod, self.orig = newton, newton._spectral_factors
+        newton._spectral_factors = _float32_eigh_factors
+
+    def __exit__(self, *exc):
+        self.mod._spectral_factors = self.orig
+
+
+# Modes that swap an implementation in while they run (``section_modes``).
+MODE_SWAPS = {'official order': _OfficialOrder, 'spectral, float32 eigh': _Float32Eigh}
 
 
 def build(name, mode='auto'):
@@ -343,7 +369,7 @@ def section_modes(args, out):
             continue
         model = _fixture_soft(**kwargs)
         devs = []
-        with torch.no_grad(), (_OfficialOrder() if is_official else _Null()):
+        with torch.no_grad(), MODE_SWAPS.get(mode, _Null)():
             for k, x in inputs.items():
                 outs = model(x)
                 devs.append(max(_rel(o, r) for o, r in zip(outs, refs[k])))
@@ -351,8 +377,9 @@ def section_modes(args, out):
                     dev_official = max(_rel(o, r) for o, r in zip(outs, official))
         t = None
         if mode in _soft_modes(args, [mode]):
-            t = measure(build('SOFT-S', mode), hw, args.device,
-                        0 if is_official else args.repeat, official=is_official)
+            with (_Null() if is_official else MODE_SWAPS.get(mode, _Null)()):
+                t = measure(build('SOFT-S', mode), hw, args.device,
+                            0 if is_official else args.repeat, official=is_official)
         rows[mode] = dict(time=t, deviation=devs, official=dev_official)
         lines.append(f'| {mode} | {what} | {fmt(t) if t else "– (emulated)"} | ' +
                      ' | '.join(f'{d:.1e}' for d in devs) + f' | {dev_official:.1e} |')
