@@ -331,20 +331,27 @@ def relative_deviation(W, ref):
     return ((W.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
+def hard_problem(kind, m, seed=0, n=32):
+    """A hard float32 kernel A (m, m) (``hard_landmarks``), a Z (m, n), the reference
+    A⁺·Z (the float64 iterate of A, times Z) and the floor: the official float32
+    iteration's deviation from it."""
+    x = hard_landmarks(kind, m, seed=seed)
+    A = gaussian_kernel(x, x).float()
+    Z = torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 1))
+    ref = float64_iterate(A) @ Z.double()
+    return A, Z, ref, relative_deviation(official_float32_iterate(A) @ Z, ref)
+
+
 def pinv_accuracy(kind, m, seed=0, n=32, methods=('iterative', 'spectral', 'tf32')):
     """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path,
-    next to the official float32 iteration's (the floor).
+    next to the official float32 iteration's (the floor; ``hard_problem``).
 
     Returns:
         dict: ``floor`` (the official float32 deviation) and, per method,
         ``'<method> inference'`` (no gradient) and ``'<method> training'`` (the path with
         gradients), each as a ratio to the floor.
     """
-    x = hard_landmarks(kind, m, seed=seed)
-    A = gaussian_kernel(x, x).float()
-    Z = torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 1))
-    ref = float64_iterate(A) @ Z.double()
-    floor = relative_deviation(official_float32_iterate(A) @ Z, ref)
+    A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor)
     for method in methods:
         with torch.no_grad():

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from mmsoft.analysis import (HARD_KERNELS, float64_iterate, hard_landmarks,
-                             official_float32_iterate, relative_deviation)
+from mmsoft.analysis import HARD_KERNELS, hard_problem, relative_deviation
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
@@ -416,25 +415,6 @@ def test_round_tf32_keeps_ten_mantissa_bits():
 # training paths) is within 2× of the official float32 iteration's output deviation from
 # the float64 20-step iterate of the same float32 kernel.
 # ------------------------------------------------------------------------------------
-def hard_kernel(kind, m, seed=0):
-    x = hard_landmarks(kind, m, seed=seed)
-    assert x.shape == (m, 32)
-    return gaussian_kernel(x, x).float()
-
-
-def floor_and_paths(kind, m):
-    """A hard kernel, Z (m, 32), the float64 reference A⁺·Z and the official float32
-    iteration's deviation from it (the floor)."""
-    A = hard_kernel(kind, m)
-    Z = torch.randn(m, 32, generator=torch.Generator().manual_seed(1))
-    ref = float64_iterate(A) @ Z.double()
-    floor = relative_deviation(official_float32_iterate(A) @ Z, ref)
-    return A, Z, ref, floor
-
-
-deviation = relative_deviation
-
-
 @pytest.mark.parametrize('m', [64, 196])
 @pytest.mark.parametrize('kind', HARD_KERNELS)
 def test_default_paths_meet_the_official_float32_floor(kind, m):
@@ -443,25 +423,26 @@ def test_default_paths_meet_the_official_float32_floor(kind, m):
     threads, and OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default): 'iterative' ≤ 1.54×,
     'spectral' ≤ 0.19×; here (seed 0) ≤ 1.43×. What the paths did before (20 steps
     applied to Z, plain float32 eigh) was up to 270× / 400× (test below)."""
-    A, Z, ref, floor = floor_and_paths(kind, m)
+    A, Z, ref, floor = hard_problem(kind, m)
     auto = resolve_pinv_method('auto', m, 'cpu')
     assert auto == ('iterative' if m <= 128 else 'spectral')
     for method in ('iterative', 'spectral'):
         with torch.no_grad():  # inference
             W = newton_pinv_apply(A, Z, method=method, nonnegative=True)
-        assert deviation(W, ref) <= 2 * floor, (method, 'inference', deviation(W, ref), floor)
+        dev = relative_deviation(W, ref)
+        assert dev <= 2 * floor, (method, 'inference', dev, floor)
         Ag = A.clone().requires_grad_()  # training: the formed iterate, Eq. 16 backward
-        W = newton_pinv_apply(Ag, Z, method=method, nonnegative=True)
-        assert deviation(W.detach(), ref) <= 2 * floor, (method, 'training',
-                                                          deviation(W.detach(), ref), floor)
+        dev = relative_deviation(newton_pinv_apply(Ag, Z, method=method, nonnegative=True),
+                                 ref)
+        assert dev <= 2 * floor, (method, 'training', dev, floor)
 
 
 def test_the_floor_catches_inaccurate_schedules(monkeypatch):
     """The floor test can fail: all 20 steps applied to Z (X_k = A·V_k squared, the
     factors 2I - X_k applied: rounding in the factors is never corrected) and the
     eigendecomposition in float32 both miss it by far."""
-    A, Z, ref, floor = floor_and_paths('duplicated', 64)
-    V, X, W = newton_alpha(A) * A, None, Z
+    A, Z, ref, floor = hard_problem('duplicated', 64)
+    V, W = newton_alpha(A) * A, Z
     X = A @ V
     factors = []
     for _ in range(20):
@@ -469,7 +450,7 @@ def test_the_floor_catches_inaccurate_schedules(monkeypatch):
         X = 2 * X - X @ X
     for F in reversed(factors):
         W = 2 * W - F @ W
-    assert deviation(V @ W, ref) > 10 * floor
+    assert relative_deviation(V @ W, ref) > 10 * floor
 
     def float32_eigh(A, alpha, iters):
         lam, U = torch.linalg.eigh(A)
@@ -477,10 +458,10 @@ def test_the_floor_catches_inaccurate_schedules(monkeypatch):
 
     monkeypatch.setattr(attention.newton, '_spectral_factors', float32_eigh)
     for kind in ('duplicated', 'pooled'):
-        A, Z, ref, floor = floor_and_paths(kind, 196)
+        A, Z, ref, floor = hard_problem(kind, 196)
         with torch.no_grad():
             W = newton_pinv_apply(A, Z, method='spectral', nonnegative=True)
-        assert deviation(W, ref) > 5 * floor, kind
+        assert relative_deviation(W, ref) > 5 * floor, kind
 
 
 def test_newton_of_the_identity_is_zero():

@@ -4,8 +4,9 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), A⁺·Z for a thin Z as inference computes it,
-           eigh (float64), and on CUDA the TF32 schedule; the iterations also on A zero-padded to
-           a multiple of ``--pinv-pad`` landmarks (the same iterate, aligned sizes)
+           eigh (float64), and on CUDA the TF32 schedule; the iterations also on A
+           zero-padded to a multiple of ``--pinv-pad`` landmarks (the same iterate,
+           aligned sizes)
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what ``LOCAL_CONV_LAYOUT`` should say for the device
@@ -49,6 +50,7 @@ import os.path as osp
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
@@ -97,16 +99,21 @@ SOFT_MODES = {
 }
 
 
-class _OfficialOrder:
-    """Context manager that swaps the SOFT attention for the official computation order."""
+@contextmanager
+def _swapped(module, name, value):
+    """``module.name = value`` inside the block, as before afterwards."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
 
-    def __enter__(self):
-        import mmsoft.models.backbones.soft as soft_mod
-        self.mod, self.orig = soft_mod, soft_mod.soft_attention
-        soft_mod.soft_attention = official_order_attention
 
-    def __exit__(self, *exc):
-        self.mod.soft_attention = self.orig
+def _official_order():
+    """The SOFT backbone's attention swapped for the official computation order."""
+    import mmsoft.models.backbones.soft as soft_mod
+    return _swapped(soft_mod, 'soft_attention', official_order_attention)
 
 
 def _float32_eigh_factors(A, alpha, iters):
@@ -116,20 +123,14 @@ def _float32_eigh_factors(A, alpha, iters):
     return U, newton._spectral_filter(lam, alpha, iters)
 
 
-class _Float32Eigh:
-    """Context manager: 'spectral' with eigh in float32 (for the modes section)."""
-
-    def __enter__(self):
-        from mmsoft.models.attention import newton
-        self.mod, self.orig = newton, newton._spectral_factors
-        newton._spectral_factors = _float32_eigh_factors
-
-    def __exit__(self, *exc):
-        self.mod._spectral_factors = self.orig
+def _float32_eigh():
+    """'spectral' with eigh in float32 (for the modes section)."""
+    from mmsoft.models.attention import newton
+    return _swapped(newton, '_spectral_factors', _float32_eigh_factors)
 
 
 # Modes that swap an implementation in while they run (``section_modes``).
-MODE_SWAPS = {'official order': _OfficialOrder, 'spectral, float32 eigh': _Float32Eigh}
+MODE_SWAPS = {'official order': _official_order, 'spectral, float32 eigh': _float32_eigh}
 
 
 def build(name, mode='auto'):
@@ -172,7 +173,7 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
         repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
-    ctx = _OfficialOrder() if official else _Null()
+    ctx = _official_order() if official else _Null()
     with ctx:
         for i in range(repeat + 1):
             if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
@@ -323,10 +324,6 @@ def section_train(args, out):
     return lines
 
 
-def _rel(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
-
-
 def _fixture_soft(**kwargs):
     """The parity fixture's SOFT (official weights, random) in eval mode."""
     from mmsoft.models import SOFT
@@ -341,6 +338,7 @@ def _fixture_soft(**kwargs):
 def section_modes(args, out):
     """Each mode's deviation from the float64 20-step iterate (the exact answer) and,
     on the fixture input, from the outputs the official code produced."""
+    from mmsoft.analysis import relative_deviation
     expected = torch.load(osp.join(ROOT, 'tests', 'data', 'soft_public_expected.pth'))
     official = [expected[k] for k in ('stage1', 'stage2', 'stage3', 'stage4_norm')]
     inputs = {'fixture 128×160': expected['input']}
@@ -372,14 +370,14 @@ def section_modes(args, out):
         with torch.no_grad(), MODE_SWAPS.get(mode, _Null)():
             for k, x in inputs.items():
                 outs = model(x)
-                devs.append(max(_rel(o, r) for o, r in zip(outs, refs[k])))
+                devs.append(max(map(relative_deviation, outs, refs[k])))
                 if k.startswith('fixture'):
-                    dev_official = max(_rel(o, r) for o, r in zip(outs, official))
+                    dev_official = max(map(relative_deviation, outs, official))
         t = None
         if mode in _soft_modes(args, [mode]):
-            with (_Null() if is_official else MODE_SWAPS.get(mode, _Null)()):
+            with MODE_SWAPS.get(mode, _Null)():
                 t = measure(build('SOFT-S', mode), hw, args.device,
-                            0 if is_official else args.repeat, official=is_official)
+                            0 if is_official else args.repeat)
         rows[mode] = dict(time=t, deviation=devs, official=dev_official)
         lines.append(f'| {mode} | {what} | {fmt(t) if t else "– (emulated)"} | ' +
                      ' | '.join(f'{d:.1e}' for d in devs) + f' | {dev_official:.1e} |')

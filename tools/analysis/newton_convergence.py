@@ -98,14 +98,17 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     about = f'{_common.model_name(args)} · {weights}'
 
-    # Fig. 4 -------------------------------------------------------------------------
+    # Fig. 4 and the convergence boundary, on the same images -------------------------
     per_layer = {}
-    rows = []
+    rows, boundary_rows = [], []
     for img, name in zip(tqdm(images, desc='convergence', file=sys.stderr), names):
         x = _common.to_tensor(_common.load_image(img, args.size))
         for layer, r in analysis.newton_convergence(model, x, args.iters).items():
             per_layer.setdefault(layer, []).append(r['errors'])
             rows += [(layer, name, r['m'], k, e) for k, e in enumerate(r['errors'])]
+        for layer, r in analysis.newton_boundary(model, x, args.iters).items():
+            boundary_rows.append((layer, name, r['m'], r['near_share'],
+                                  r['max_alpha_lambda2'], r['worst_shortfall']))
     with open(osp.join(args.out_dir, 'convergence.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'landmarks', 'iteration', 'relative_error'])
@@ -116,13 +119,6 @@ def main(argv=None):
         f'short side {args.size}')
     fig.savefig(osp.join(args.out_dir, 'convergence.png'), dpi=120)
 
-    # Convergence boundary ------------------------------------------------------------
-    boundary_rows = []
-    for img, name in zip(images, names):
-        x = _common.to_tensor(_common.load_image(img, args.size))
-        for layer, r in analysis.newton_boundary(model, x, args.iters).items():
-            boundary_rows.append((layer, name, r['m'], r['near_share'],
-                                  r['max_alpha_lambda2'], r['worst_shortfall']))
     with open(osp.join(args.out_dir, 'boundary.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'landmarks', 'share_alpha_lambda2_ge_1.9',
