@@ -189,3 +189,51 @@ def test_zero_padded_pinv_is_the_same_iterate():
     scale = Y.abs().max().item()
     assert torch.allclose(formed(A, Z), Y, rtol=0, atol=1e-12 * scale)
     assert torch.allclose(applied(A, Z), Y @ Z, rtol=0, atol=1e-10 * scale * Z.abs().max())
+
+
+def test_detector_section(tmp_path, capsys):
+    """--sections detector times a training iteration and a test forward of RetinaNet and
+    Mask R-CNN with SOFT-S and with Swin-T, built from the shipped configs."""
+    from tools import benchmark
+    out = tmp_path / 'd.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'detector', '--detector-size', '96x128',
+                    '--repeat', '0', '--train-batch', '1', '--json', str(out)])
+    rows, printed = json.loads(out.read_text())['detector'], capsys.readouterr().out
+    assert set(rows) == {f'{d} {b}' for d in ('RetinaNet', 'Mask R-CNN')
+                         for b in ('SOFT-S', 'Swin-T')}
+    assert all(r['train'] > 0 and r['test'] > 0 for r in rows.values())
+    assert '| RetinaNet | SOFT-S |' in printed and 'Images of 96x128' in printed
+
+
+def test_detector_configs_differ_only_in_the_backbone():
+    """Swin-T replaces the backbone and the neck's input widths, nothing else; the
+    training iteration the section times updates the weights (the optimizer step)."""
+    import torch
+    from mmengine.optim import build_optim_wrapper
+
+    from mmsoft.analysis import build_model_from_config
+    from tools import benchmark
+    for det in benchmark.DETECTOR_CONFIGS:
+        soft, swin = (benchmark.detector_config(det, b) for b in ('SOFT-S', 'Swin-T'))
+        assert swin.model.backbone.type == 'SwinTransformer'
+        assert swin.model.backbone.out_indices == soft.model.backbone.out_indices
+        assert swin.model.neck.in_channels == [
+            benchmark.SWIN_T_WIDTHS[i] for i in soft.model.backbone.out_indices]
+        for cfg in (soft, swin):
+            cfg.model.pop('backbone')
+            cfg.model.neck.pop('in_channels')
+        assert soft.model.to_dict() == swin.model.to_dict(), det
+        assert soft.optim_wrapper.to_dict() == swin.optim_wrapper.to_dict(), det
+    with pytest.raises(ValueError, match='SOFT-S'):
+        benchmark.detector_config('RetinaNet', 'ResNet-50')
+    cfg = benchmark.detector_config('Mask R-CNN', 'Swin-T')
+    torch.manual_seed(0)
+    model = build_model_from_config(cfg)
+    optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    data = benchmark.detector_batch((64, 96), 2, masks=True)
+    assert data['data_samples'][0].gt_instances.masks.masks.sum() > 0
+    benchmark._detector_step(model, optim, data, 'cpu', train=True)
+    changed = [k for k, p in model.named_parameters() if not torch.equal(p, before[k])]
+    assert any(k.startswith('backbone.') for k in changed)
+    assert any(k.startswith('roi_head.mask_head.') for k in changed)

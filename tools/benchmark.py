@@ -28,6 +28,11 @@ Sections (``--sections``, default all):
   launches ATen operators (on a GPU: kernel launches) per forward and training step of
            SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
            meta device with CUDA's plan (no GPU needed): eager mode's host work per step
+  detector one training iteration (data → backbone → neck → head → losses → backward →
+           optimizer step, batch ``--train-batch``) and one test forward per image of
+           RetinaNet and Mask R-CNN from the shipped SOFT-S configs, and of the same
+           configs with Swin-T as the backbone, at ``--detector-size``: the ratio a user
+           sees in mmengine's ``time:`` column (needs mmcv's compiled ops)
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -44,6 +49,7 @@ Usage: python tools/benchmark.py [--device cpu|cuda] [--sections speed,modes] [-
 """
 import argparse
 import json
+import logging
 import math
 import os
 import os.path as osp
@@ -159,8 +165,9 @@ def build(name, mode='auto'):
 
 
 def measure(model, size, device, repeat, train=False, official=False, batch=1,
-            compile_mode=None):
-    """Median seconds of forward (or forward+backward) of a batch.
+            compile_mode=None, amp=None):
+    """Median seconds of forward (or forward+backward) of a batch, under
+    ``torch.autocast`` to ``amp`` ('bf16', 'fp16') if given.
 
     The first run is a warm-up (untimed) unless ``repeat`` is 0; with ``compile_mode``
     (``torch.compile(model, mode=compile_mode)``) the compiling first run is never timed.
@@ -180,17 +187,22 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
                 torch.compiler.cudagraph_mark_step_begin()
             _sync(device)
             t0 = time.perf_counter()
-            if train:
-                outs = run(x)
-                sum(o.float().mean() for o in outs).backward()
-                model.zero_grad(set_to_none=True)
-            else:
-                with torch.no_grad():
-                    run(x)
+            with torch.autocast(device_type=device, dtype=AMP_DTYPES.get(amp),
+                                enabled=amp is not None):
+                if train:
+                    outs = run(x)
+                    sum(o.float().mean() for o in outs).backward()
+                    model.zero_grad(set_to_none=True)
+                else:
+                    with torch.no_grad():
+                        run(x)
             _sync(device)
             if i > 0 or repeat == 0:
                 times.append(time.perf_counter() - t0)
     return float(np.median(times))
+
+
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 class _Null:
@@ -234,13 +246,13 @@ def section_speed(args, out):
             hw = parse_size(size)
             timed = {}
             for name in names:
-                timed[name] = measure(build(name), hw, args.device, args.repeat)
+                timed[name] = measure(build(name), hw, args.device, args.repeat, amp=args.amp)
             if not args.skip_official:
                 timed['SOFT-S official order'] = measure(
                     build('SOFT-S', 'official order'), hw, args.device,
                     # above 600² one warm-up and one timed run (it is slow on a CPU)
                     min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
-                    official=True)
+                    official=True, amp=args.amp)
             timed.update(_measure_compiled(args, hw, train=False))
             for name, t in timed.items():
                 rounds.setdefault(name, {}).setdefault(size, []).append(t)
@@ -277,7 +289,7 @@ def _measure_compiled(args, hw, train, batch=1):
         return {}
     return {f'{name} [compiled: {args.compile}]': measure(
         build(name), hw, args.device, args.repeat, train=train, batch=batch,
-        compile_mode=args.compile) for name in ('SOFT-S', 'Swin-T')}
+        compile_mode=args.compile, amp=args.amp) for name in ('SOFT-S', 'Swin-T')}
 
 
 def _compiled_lines(args, rows, soft_row='SOFT-S'):
@@ -307,9 +319,11 @@ def section_train(args, out):
         hw = parse_size(size)
         for mode in _soft_modes(args, ('auto', 'tf32', 'regularized', 'grid16')):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
-                build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b)
+                build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
+                amp=args.amp)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
-                                                      args.repeat, train=True, batch=b)
+                                                      args.repeat, train=True, batch=b,
+                                                      amp=args.amp)
         for name, t in _measure_compiled(args, hw, train=True, batch=b).items():
             rows.setdefault(name, {})[size] = t
     lines = [f'| forward+backward, batch {b} (train mode) | ' + ' | '.join(args.sizes) +
@@ -765,10 +779,146 @@ def _time_call(args, fn, runs=3, warmup=True):
     return (time.perf_counter() - t0) / runs
 
 
+# ------------------------------------------------------------------------- detector
+# The shipped SOFT-S detector configs; Swin-T replaces only the backbone (and the neck's
+# input widths), so neck, head, losses and optimizer are the same.
+DETECTOR_CONFIGS = {'RetinaNet': 'configs/soft/retinanet_soft-s_fpn_1x_coco.py',
+                    'Mask R-CNN': 'configs/soft/mask-rcnn_soft-s_fpn_1x_coco.py'}
+SWIN_T_WIDTHS = (96, 192, 384, 768)
+
+
+def detector_config(detector, backbone):
+    """The config of ``detector`` ('RetinaNet', 'Mask R-CNN') with ``backbone`` ('SOFT-S'
+    as shipped, or 'Swin-T': mmdet's SwinTransformer at the same output stages and drop
+    path rate, the neck's ``in_channels`` set to its widths)."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, DETECTOR_CONFIGS[detector]))
+    if backbone == 'Swin-T':
+        soft = cfg.model.backbone
+        cfg.model.backbone = dict(type='SwinTransformer', out_indices=soft.out_indices,
+                                  drop_path_rate=soft.drop_path_rate, convert_weights=False)
+        cfg.model.neck.in_channels = [SWIN_T_WIDTHS[i] for i in soft.out_indices]
+    elif backbone != 'SOFT-S':
+        raise ValueError(f"backbone must be 'SOFT-S' or 'Swin-T', got {backbone!r}")
+    return cfg
+
+
+def detector_batch(hw, batch, masks, seed=0):
+    """A packed batch as mmdet's pipeline gives it to ``train_step``: ``batch`` uint8 images
+    of ``hw`` (already resized) with 8 ground-truth boxes each (and box-shaped masks)."""
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+    g = torch.Generator().manual_seed(seed)
+    H, W = hw
+    inputs, samples = [], []
+    for _ in range(batch):
+        inputs.append(torch.randint(0, 256, (3, H, W), generator=g, dtype=torch.uint8))
+        xy = torch.rand(8, 2, generator=g) * torch.tensor([W * 0.7, H * 0.7])
+        wh = (0.1 + 0.2 * torch.rand(8, 2, generator=g)) * torch.tensor([W, H])
+        boxes = torch.cat([xy, xy + wh], 1)
+        gt = InstanceData(bboxes=boxes, labels=torch.randint(0, 80, (8, ), generator=g))
+        if masks:
+            m = np.zeros((8, H, W), dtype=np.uint8)
+            for k, (x0, y0, x1, y1) in enumerate(boxes.round().int().tolist()):
+                m[k, y0:y1, x0:x1] = 1
+            gt.masks = BitmapMasks(m, H, W)
+        sample = DetDataSample(metainfo=dict(img_shape=hw, ori_shape=hw, pad_shape=hw,
+                                             scale_factor=(1., 1.), flip=False))
+        sample.gt_instances = gt
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def _detector_step(model, optim_wrapper, data, device, train):
+    """Seconds of one ``train_step`` (with the optimizer step) or, with ``train`` False,
+    of one ``test_step``; peak CUDA memory (bytes) of the call, None off CUDA."""
+    model.train(train)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    _sync(device)
+    t0 = time.perf_counter()
+    if train:
+        model.train_step(data, optim_wrapper)
+    else:
+        with torch.no_grad():
+            model.test_step(data)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    return seconds, torch.cuda.max_memory_allocated() if device == 'cuda' else None
+
+
+def section_detector(args, out):
+    """One training iteration (data → backbone → neck → head → losses → backward →
+    optimizer step) at ``--train-batch`` images and one test-time forward per image, of
+    RetinaNet and Mask R-CNN with SOFT-S and with Swin-T, all in turn for ``--rounds``
+    rounds (medians); the ratio is what mmengine's ``time:`` column shows."""
+    from mmengine.logging import MMLogger
+    from mmengine.optim import build_optim_wrapper
+
+    from mmsoft.analysis import build_model_from_config
+    hw = parse_size(args.detector_size)
+    b = args.train_batch
+    models = {}
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # not a line per parameter group
+    try:
+        for det in DETECTOR_CONFIGS:
+            for backbone in ('SOFT-S', 'Swin-T'):
+                cfg = detector_config(det, backbone)
+                torch.manual_seed(0)
+                model = build_model_from_config(cfg).to(args.device)
+                models[det, backbone] = (model, build_optim_wrapper(model, cfg.optim_wrapper))
+    finally:
+        logger.setLevel(level)
+    times = {}  # (det, backbone, step) -> [seconds]
+    peaks = {}
+    for _ in range(args.rounds):
+        for (det, backbone), (model, optim) in models.items():
+            for step, train in (('train', True), ('test', False)):
+                runs = []
+                for i in range(max(args.repeat, 1) + 1):  # the first run warms up
+                    if train:
+                        data = detector_batch(hw, b, masks=det == 'Mask R-CNN', seed=i)
+                    else:
+                        data = detector_batch(hw, 1, masks=False, seed=i)
+                    sec, peak = _detector_step(model, optim, data, args.device, train)
+                    if i:
+                        runs.append(sec)
+                        if peak is not None:
+                            peaks[det, backbone, step] = max(
+                                peak, peaks.get((det, backbone, step), 0))
+                times.setdefault((det, backbone, step), []).extend(runs)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    rows = {}
+    lines = [f'Images of {args.detector_size} (H×W, as resized by the pipeline; padded to '
+             f'multiples of 32), {args.device}; training iteration at batch {b} with the '
+             'optimizer step, test forward at batch 1.', '',
+             f'| detector | backbone | train iteration | vs Swin-T | test forward | vs Swin-T |'
+             + (' peak train memory | vs Swin-T |' if peaks else ''),
+             '|---|---|---|---|---|---|' + ('---|---|' if peaks else '')]
+    for det in DETECTOR_CONFIGS:
+        for backbone in ('SOFT-S', 'Swin-T'):
+            r = {step: med[det, backbone, step] for step in ('train', 'test')}
+            base = {step: med[det, 'Swin-T', step] for step in ('train', 'test')}
+            line = (f'| {det} | {backbone} | {fmt(r["train"])} | '
+                    f'{r["train"] / base["train"]:.2f}× | {fmt(r["test"])} | '
+                    f'{r["test"] / base["test"]:.2f}× |')
+            if peaks:
+                p, pb = peaks[det, backbone, 'train'], peaks[det, 'Swin-T', 'train']
+                r['train peak bytes'] = p
+                line += f' {p / 2**30:.2f} GiB | {p / pb:.2f}× |'
+            rows[f'{det} {backbone}'] = r
+            lines.append(line)
+    out['detector'] = rows
+    return lines
+
+
 SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'kernel': section_kernel,
             'speed': section_speed, 'train': section_train, 'modes': section_modes,
             'memory': section_memory, 'scaling': section_scaling,
-            'launches': section_launches}
+            'launches': section_launches, 'detector': section_detector}
 
 
 def main(argv=None):
@@ -777,7 +927,8 @@ def main(argv=None):
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--sections',
-                        default='pinv,dwconv,kernel,speed,train,modes,memory,scaling,launches')
+                        default='pinv,dwconv,kernel,speed,train,modes,memory,scaling,launches,'
+                        'detector')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
@@ -787,7 +938,11 @@ def main(argv=None):
                         'in turn, and report the median of each (on a shared machine, drift '
                         'then affects all of them alike instead of the ratios)')
     parser.add_argument('--train-batch', type=int, default=2,
-                        help='images per training step in the train and memory sections')
+                        help='images per training step in the train, memory and detector '
+                        'sections')
+    parser.add_argument('--detector-size', default='800x1333', metavar='HxW',
+                        help="detector: the images' size after the pipeline's resize (the "
+                        "configs' scale: short side 800, long side 1333)")
     parser.add_argument('--pinv-sizes', nargs='+', type=int,
                         default=[16, 49, 64, 100, 128, 196, 400, 1025],
                         help='landmark counts m of the pinv section')
@@ -804,6 +959,9 @@ def main(argv=None):
     parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
                         help='speed and train: also time SOFT-S and Swin-T under '
                         'torch.compile with this mode')
+    parser.add_argument('--amp', choices=sorted(AMP_DTYPES),
+                        help='speed, train: run the models under torch.autocast to bfloat16 '
+                        "or float16 (SOFT's pseudo-inverse stays float32)")
     parser.add_argument('--plot', help='write the scaling plot to this PNG')
     parser.add_argument('--json', help='write all numbers to this JSON file')
     args = parser.parse_args(argv)
@@ -816,7 +974,9 @@ def main(argv=None):
                f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')
     else:
         dev = f'CPU, {torch.get_num_threads()} threads'
-    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, float32')
+    precision = (f'autocast to {AMP_DTYPES[args.amp]} in speed and train'
+                 if args.amp else 'float32')
+    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, {precision}')
     out = dict(device=dev)
     for name in sections:
         print(f'\n## {name}', flush=True)
