@@ -1,0 +1,52 @@
+"""tools/device_report.py: the one command a lent GPU machine runs, checked on the CPU."""
+import os.path as osp
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools import device_report  # noqa: E402
+
+
+def test_report_runs_its_steps(tmp_path):
+    """Each step's command, exit status and tables land in report.md, its numbers in
+    <step>.json, everything printed in report.log."""
+    code = device_report.main(['--device', 'cpu', '--small', '--part', 'all', '--steps',
+                               'pinv', 'detector', '--out', str(tmp_path)])
+    report = (tmp_path / 'report.md').read_text()
+    assert code == 0, report
+    assert '## pinv: ' in report and '## detector: ' in report
+    assert '## fp32' not in report  # not selected
+    assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
+    assert 'tools/benchmark.py --device cpu --sections pinv' in report
+    assert '| RetinaNet | SOFT-S |' in report  # the detector table
+    assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
+    assert (tmp_path / 'pinv.json').exists() and (tmp_path / 'detector.json').exists()
+    assert '===== detector' in (tmp_path / 'report.log').read_text()
+
+
+def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
+    """A step still running when the budget is spent is stopped (with what it printed
+    kept) and counted as not completed; later steps do not start."""
+    sleeper = [sys.executable, '-c', 'import time; print("started", flush=True); '
+               'time.sleep(60)']
+    monkeypatch.setattr(device_report, 'command', lambda name, args: sleeper)
+    t0 = time.perf_counter()
+    code = device_report.main(['--device', 'cpu', '--steps', 'pinv', 'layout', '--budget',
+                               '3', '--out', str(tmp_path)])
+    assert time.perf_counter() - t0 < 30
+    report = (tmp_path / 'report.md').read_text()
+    assert code == 1
+    assert 'timed out (budget)' in report and 'started' in report
+    assert 'not run: the time budget was spent' in report
+    assert 'Steps not completed: pinv, layout' in report
+
+
+def test_parts_split_the_steps():
+    """--part base needs no compiled mmcv ops; the detector step is its own part."""
+    parts = {name: part for name, (part, _, _) in device_report.STEPS.items()}
+    assert parts.pop('detector') == 'detector'
+    assert set(parts.values()) == {'base'}
+    assert {'cuda-tests', 'pinv', 'layout', 'fp32', 'bf16', 'fp16', 'memory-modes',
+            'compile-ro', 'compile'} == set(parts)

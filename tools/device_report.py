@@ -1,0 +1,185 @@
+"""Run every measurement that decides mmsoft's per-device defaults, and write one report.
+
+Each step runs as its own process; a failing or slow step is recorded and the next one
+runs. The steps (``--part base`` unless said otherwise):
+
+  cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
+  pinv           benchmark --sections pinv: PINV_AUTO (with and without zero padding)
+  layout         benchmark --sections dwconv,kernel: LOCAL_CONV_LAYOUT and KERNEL_PLAN
+  fp32           benchmark --sections speed,train
+  bf16, fp16     the same under torch.autocast (--amp bf16 / fp16)
+  memory-modes   benchmark --sections memory,modes
+  compile-ro     benchmark --sections speed,train --compile reduce-overhead
+  compile        benchmark --sections speed,train --compile default
+  detector       benchmark --sections detector (``--part detector``: RetinaNet and Mask
+                 R-CNN need mmcv's compiled ops, which a fresh GPU machine builds first)
+
+It writes OUT/report.md (the machine, then per step: the command, its exit status and
+seconds, and what it printed, mmengine's log lines left out), OUT/report.log (everything
+printed) and OUT/<step>.json (the numbers, from ``benchmark.py --json``).
+
+On a lent GPU machine, two calls of under 10 minutes each (``--budget`` stops starting
+steps once its seconds are spent):
+
+  python tools/device_report.py --device cuda --part base --out "$OUT"
+  python tools/device_report.py --device cuda --part detector --out "$OUT"
+
+``--small`` runs every step at toy sizes: a check of the script on a CPU, not a
+measurement.
+"""
+import argparse
+import os
+import os.path as osp
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+BENCHMARK = osp.join('tools', 'benchmark.py')
+
+# name -> (part, benchmark arguments or None for the pytest step, title)
+STEPS = {
+    'cuda-tests': ('base', None, 'pytest -m cuda'),
+    'pinv': ('base', ['--sections', 'pinv'], 'pseudo-inverse by landmark count (PINV_AUTO)'),
+    'layout': ('base', ['--sections', 'dwconv,kernel'],
+               'depthwise-conv layout and kernel chunks (LOCAL_CONV_LAYOUT, KERNEL_PLAN)'),
+    'fp32': ('base', ['--sections', 'speed,train'], 'speed and training step, float32'),
+    'bf16': ('base', ['--sections', 'speed,train', '--amp', 'bf16'],
+             'speed and training step, autocast to bfloat16'),
+    'fp16': ('base', ['--sections', 'speed,train', '--amp', 'fp16'],
+             'speed and training step, autocast to float16'),
+    'memory-modes': ('base', ['--sections', 'memory,modes'], 'peak memory; attention modes'),
+    'compile-ro': ('base', ['--sections', 'speed,train', '--compile', 'reduce-overhead'],
+                   "torch.compile(mode='reduce-overhead')"),
+    'compile': ('base', ['--sections', 'speed,train', '--compile', 'default'],
+                'torch.compile()'),
+    'detector': ('detector', ['--sections', 'detector'],
+                 'RetinaNet and Mask R-CNN: training iteration and test forward'),
+}
+
+# What --small changes: toy sizes for every benchmark section.
+SMALL = ['--sizes', '64x64', '--repeat', '0', '--train-batch', '1', '--pinv-sizes', '16',
+         '130', '--skip-official', '--detector-size', '128x160']
+FULL = ['--sizes', '512x512', '800x1344', '--rounds', '3']
+
+MMENGINE_LOG = re.compile(r'^\d\d/\d\d \d\d:\d\d:\d\d - mmengine - ')
+
+
+def machine(device):
+    """Lines describing where the report was measured."""
+    import torch
+    lines = [f'- date (UTC): {time.strftime("%Y-%m-%d %H:%M", time.gmtime())}',
+             f'- torch {torch.__version__}, Python {platform.python_version()}, '
+             f'{os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads)']
+    if device == 'cuda':
+        lines.append(f'- GPU: {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, '
+                     f'cuDNN {torch.backends.cudnn.version()}, TF32 convolutions '
+                     f'{"on" if torch.backends.cudnn.allow_tf32 else "off"}')
+    try:
+        rev = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
+                             capture_output=True, check=True).stdout.strip()
+        lines.append(f'- mmsoft commit {rev}')
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return lines
+
+
+def command(name, args):
+    """The argv of step ``name``."""
+    bench = STEPS[name][1]
+    if bench is None:
+        return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
+                'no:cacheprovider']
+    return ([sys.executable, BENCHMARK, '--device', args.device] + bench +
+            (SMALL if args.small else FULL) +
+            ['--json', osp.join(args.out, f'{name}.json')])
+
+
+def run_step(cmd, timeout):
+    """(exit status or None if it timed out, seconds, what it printed). A step that
+    times out is stopped with the processes it started (the memory section starts one
+    per measurement)."""
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        printed, _ = p.communicate(timeout=timeout)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        printed, _ = p.communicate()
+        code = None
+    return code, time.perf_counter() - t0, printed
+
+
+def shown(printed, name):
+    """What report.md keeps of a step's output: the pytest summary, or the benchmark's
+    tables and sentences without mmengine's log lines."""
+    lines = [ln for ln in printed.splitlines() if not MMENGINE_LOG.match(ln)]
+    if STEPS[name][1] is None:
+        return lines[-15:]
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument('--device', choices=['cuda', 'cpu'], required=True)
+    parser.add_argument('--out', required=True, help='directory for the report')
+    parser.add_argument('--part', choices=['base', 'detector', 'all'], default='base')
+    parser.add_argument('--steps', nargs='+', choices=sorted(STEPS),
+                        help='only these steps (in the order of the list above)')
+    parser.add_argument('--small', action='store_true',
+                        help='toy sizes: checks the script, measures nothing')
+    parser.add_argument('--budget', type=float, default=570,
+                        help='seconds: no step starts after this, and a running step is '
+                        'stopped when it is spent')
+    args = parser.parse_args(argv)
+    names = [n for n, (part, _, _) in STEPS.items()
+             if (args.part == 'all' or part == args.part)
+             and (args.steps is None or n in args.steps)]
+    if args.steps and not names:
+        parser.error(f'none of {args.steps} is in --part {args.part}')
+    os.makedirs(args.out, exist_ok=True)
+    start = time.perf_counter()
+    report = ['# mmsoft device report', ''] + machine(args.device)
+    if args.small:
+        report.append('- toy sizes (--small): a check of the script, not a measurement')
+    failed = []
+    with open(osp.join(args.out, 'report.log'), 'a') as log:
+        for name in names:
+            cmd = command(name, args)
+            shown_cmd = ' '.join(osp.relpath(c, ROOT) if c.startswith(ROOT) else c
+                                 for c in [osp.basename(sys.executable)] + cmd[1:])
+            report += ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
+            left = args.budget - (time.perf_counter() - start)
+            if left <= 0:
+                report.append('not run: the time budget was spent')
+                failed.append(name)
+                print(f'[{name}] not run: budget spent', flush=True)
+                continue
+            print(f'[{name}] {shown_cmd}', flush=True)
+            code, seconds, printed = run_step(cmd, left)
+            log.write(f'\n===== {name}: {shown_cmd}\n{printed}')
+            log.flush()
+            status = ('timed out (budget)' if code is None else f'exit {code}')
+            if code != 0:
+                failed.append(name)
+            report += [f'{status}, {seconds:.0f} s', ''] + shown(printed, name)
+            print(f'[{name}] {status}, {seconds:.0f} s', flush=True)
+    report += ['', f'Steps not completed: {", ".join(failed)}' if failed
+               else 'Every step completed.']
+    path = osp.join(args.out, 'report.md')
+    with open(path, 'a') as f:
+        f.write('\n'.join(report) + '\n')
+    print(f'report: {path}')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
