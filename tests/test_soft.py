@@ -458,6 +458,27 @@ def test_traces_into_one_graph(mode):
         assert rel_err(grad, ref_grad) < 1e-6
 
 
+def test_training_graph_holds_across_image_sizes():
+    """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
+    first size, torch.compile traces one graph with dynamic sizes, and that graph must
+    hold for the next sizes: nothing may fix the token count N to its traced value
+    (``range(0, N, step)`` over P's row chunks did: a new graph per size)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = fixture_model().train()
+    compiled = torch.compile(model, backend=backend)
+    # the second size differs in H and W, so that Dynamo makes both dynamic at once
+    for hw in ((64, 96), (96, 128), (64, 128), (96, 96)):  # N = 384, 768, 512, 576
+        sum(o.mean() for o in compiled(torch.randn(2, 3, *hw))).backward()
+    assert len(graphs) == 2  # the first size's static graph, then one dynamic graph
+
+
 @pytest.mark.parametrize('kwargs', [{}, dict(pinv_method='regularized'),
                                     dict(landmark_grid=2)], ids=['auto', 'regularized',
                                                                  'grid2'])

@@ -91,10 +91,16 @@ def _kernel_plan(t):
 
 def _row_chunks(fq, fl):
     """Row ranges of P = κ(q, l) of about ``KERNEL_PLAN``'s chunk elements, for features
-    (b, N, K) and (b, m, K)."""
+    (b, N, K) and (b, m, K).
+
+    Written over the number of chunks rather than ``range(0, N, step)``: under
+    ``torch.compile`` that range fixes N (the token count) to its traced value, so every
+    new image size compiled a new graph; this way a graph holds for every size with the
+    same number of chunks (tests/test_soft.py).
+    """
     (b, N, _), m = fq.shape, fl.shape[-2]
     step = max(1, _kernel_plan(fq)[0] // max(1, b * m))
-    return [(i, min(i + step, N)) for i in range(0, N, step)]
+    return [(k * step, min((k + 1) * step, N)) for k in range((N + step - 1) // step)]
 
 
 def _add_product(acc, a, b):
