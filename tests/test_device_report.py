@@ -19,7 +19,8 @@ def test_report_runs_its_steps(tmp_path):
     assert '## pinv: ' in report and '## detector: ' in report
     assert '## fp32' not in report  # not selected
     assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
-    assert 'tools/benchmark.py --device cpu --sections pinv' in report
+    assert 'tools/benchmark.py --device cpu --sizes 64x64' in report
+    assert '--sections pinv --json' in report
     assert '| RetinaNet | SOFT-S |' in report  # the detector table
     assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
     assert (tmp_path / 'pinv.json').exists() and (tmp_path / 'detector.json').exists()
@@ -41,6 +42,21 @@ def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
     assert 'timed out (budget)' in report and 'started' in report
     assert 'not run: the time budget was spent' in report
     assert 'Steps not completed: pinv, layout' in report
+
+
+def test_compile_steps_measure_one_round():
+    """A compiled model is compiled afresh for every measurement: the compile steps run
+    one round (their own --rounds comes last, so argparse keeps it), the others three."""
+    import argparse
+    args = argparse.Namespace(device='cuda', small=False, out='o')
+    for name in device_report.STEPS:
+        cmd = device_report.command(name, args)
+        if name == 'cuda-tests':
+            assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
+            continue
+        rounds = [cmd[i + 1] for i, a in enumerate(cmd) if a == '--rounds']
+        assert rounds[-1] == ('1' if name.startswith('compile') else '3'), name
+        assert cmd[cmd.index('--sizes') + 1:][:2] == ['512x512', '800x1344']
 
 
 def test_parts_split_the_steps():

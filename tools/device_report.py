@@ -24,6 +24,9 @@ steps once its seconds are spent):
   python tools/device_report.py --device cuda --part base --out "$OUT"
   python tools/device_report.py --device cuda --part detector --out "$OUT"
 
+report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
+in a further call (the report is appended to).
+
 ``--small`` runs every step at toy sizes: a check of the script on a CPU, not a
 measurement.
 """
@@ -40,7 +43,8 @@ import time
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BENCHMARK = osp.join('tools', 'benchmark.py')
 
-# name -> (part, benchmark arguments or None for the pytest step, title)
+# name -> (part, benchmark arguments or None for the pytest step, title); a step's own
+# arguments come after the common ones (SMALL / FULL) and override them.
 STEPS = {
     'cuda-tests': ('base', None, 'pytest -m cuda'),
     'pinv': ('base', ['--sections', 'pinv'], 'pseudo-inverse by landmark count (PINV_AUTO)'),
@@ -52,10 +56,11 @@ STEPS = {
     'fp16': ('base', ['--sections', 'speed,train', '--amp', 'fp16'],
              'speed and training step, autocast to float16'),
     'memory-modes': ('base', ['--sections', 'memory,modes'], 'peak memory; attention modes'),
-    'compile-ro': ('base', ['--sections', 'speed,train', '--compile', 'reduce-overhead'],
-                   "torch.compile(mode='reduce-overhead')"),
-    'compile': ('base', ['--sections', 'speed,train', '--compile', 'default'],
-                'torch.compile()'),
+    # one round: every measurement compiles its model afresh
+    'compile-ro': ('base', ['--sections', 'speed,train', '--compile', 'reduce-overhead',
+                            '--rounds', '1'], "torch.compile(mode='reduce-overhead')"),
+    'compile': ('base', ['--sections', 'speed,train', '--compile', 'default', '--rounds',
+                         '1'], 'torch.compile()'),
     'detector': ('detector', ['--sections', 'detector'],
                  'RetinaNet and Mask R-CNN: training iteration and test forward'),
 }
@@ -93,8 +98,8 @@ def command(name, args):
     if bench is None:
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']
-    return ([sys.executable, BENCHMARK, '--device', args.device] + bench +
-            (SMALL if args.small else FULL) +
+    return ([sys.executable, BENCHMARK, '--device', args.device] +
+            (SMALL if args.small else FULL) + bench +
             ['--json', osp.join(args.out, f'{name}.json')])
 
 
