@@ -342,7 +342,8 @@ def hard_problem(kind, m, seed=0, n=32):
     return A, Z, ref, relative_deviation(official_float32_iterate(A) @ Z, ref)
 
 
-def pinv_accuracy(kind, m, seed=0, n=32, methods=('iterative', 'spectral', 'tf32')):
+def pinv_accuracy(kind, m, seed=0, n=32,
+                  methods=('iterative', 'spectral', 'tf32', 'tf32x3')):
     """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path,
     next to the official float32 iteration's (the floor; ``hard_problem``).
 

@@ -364,5 +364,6 @@ def test_pinv_accuracy_tool(capsys):
                      'spectral training'):
             assert r[path] <= 2, (r['kind'], path, r[path])
     assert all(r['tf32 inference'] > 5 for r in rows if r['kind'] == 'clustered')
+    assert all(r['tf32x3 inference'] <= 2 and r['tf32x3 training'] <= 2 for r in rows)
     out = capsys.readouterr().out
     assert '| clustered | 64 | 0 |' in out and 'worst: iterative inference' in out

@@ -33,7 +33,8 @@ def _no_tf32():
 # Every exact pinv mode, in the official depthwise-conv layout; the default mode also in
 # the other layout of ``HeadSharedConv``.
 @pytest.mark.parametrize('pinv_method, layout', [
-    *((m, 'images') for m in ('auto', 'iterative', 'spectral', 'tf32')), ('auto', 'channels')])
+    *((m, 'images') for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
+    ('auto', 'channels')])
 def test_parity_on_cuda(pinv_method, layout, monkeypatch):
     monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cuda', layout)
     expected = torch.load(data_path('soft_public_expected.pth'))

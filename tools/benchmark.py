@@ -94,6 +94,9 @@ SOFT_MODES = {
     'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
     'tf32': (dict(pinv_method='tf32'),
              'same iterate, TF32 products for 15 steps + 5 float32 steps (emulated off CUDA)'),
+    'tf32x3': (dict(pinv_method='tf32x3'),
+               'same iterate, each product from 3 TF32 products of split operands (emulated '
+               'off CUDA)'),
     'auto': (dict(pinv_method='auto'), 'default: per device and m (PINV_AUTO)'),
     'regularized': (dict(pinv_method='regularized'),
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
@@ -308,8 +311,9 @@ def _compiled_lines(args, rows, soft_row='SOFT-S'):
 
 
 def _soft_modes(args, modes):
-    """The SOFT modes worth timing on this device ('tf32' is only emulated off CUDA)."""
-    return [m for m in modes if m != 'tf32' or args.device == 'cuda']
+    """The SOFT modes worth timing on this device ('tf32', 'tf32x3': only emulated off
+    CUDA)."""
+    return [m for m in modes if m not in ('tf32', 'tf32x3') or args.device == 'cuda']
 
 
 def section_train(args, out):
@@ -317,7 +321,7 @@ def section_train(args, out):
     b = args.train_batch
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in _soft_modes(args, ('auto', 'tf32', 'regularized', 'grid16')):
+        for mode in _soft_modes(args, ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
                 amp=args.amp)
@@ -570,6 +574,11 @@ def _zero_padded(fn, multiple, formed):
     return run
 
 
+def _pinv_applied(A, Z, method):
+    from mmsoft.models.attention import newton_pinv_apply
+    return newton_pinv_apply(A, Z, method=method, nonnegative=True)
+
+
 def section_pinv(args, out):
     """Batched 20-step pseudo-inverse of Gaussian-kernel matrices, by method."""
     from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
@@ -581,8 +590,8 @@ def section_pinv(args, out):
                                                           nonnegative=True),
     }
     if args.device == 'cuda':  # elsewhere TF32 is only emulated
-        cols['tf32, applied'] = lambda A, Z: newton_pinv_apply(A, Z, method='tf32',
-                                                               nonnegative=True)
+        for method in ('tf32', 'tf32x3'):
+            cols[f'{method}, applied'] = partial(_pinv_applied, method=method)
     k = args.pinv_pad
     if k > 1:  # the iterations again on sizes padded to a multiple of k
         for name in [c for c in cols if c != 'spectral (eigh)']:

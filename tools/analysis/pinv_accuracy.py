@@ -5,7 +5,7 @@ near-rank-1, near-identity landmarks), size m and seed: the output deviation of 
 the float64 20-step iterate of the same float32 kernel, for the official code's float32
 iteration (the floor) and, as a ratio to it, for each ``pinv_method`` without gradients
 (inference) and with them (training). A default path must stay within 2× of the floor
-(tests/test_attention.py). 'tf32' is emulated off CUDA.
+(tests/test_attention.py). 'tf32' and 'tf32x3' are emulated off CUDA.
 
 Examples:
   python tools/analysis/pinv_accuracy.py
@@ -28,8 +28,8 @@ def main(argv=None):
     parser.add_argument('--sizes', nargs='+', type=int, default=[64, 196],
                         help='landmarks m (multiples of 4 that are squares: 64, 196, 400)')
     parser.add_argument('--seeds', nargs='+', type=int, default=[0])
-    parser.add_argument('--methods', nargs='+', default=['iterative', 'spectral', 'tf32'],
-                        choices=['iterative', 'spectral', 'tf32'])
+    methods = ['iterative', 'spectral', 'tf32', 'tf32x3']
+    parser.add_argument('--methods', nargs='+', default=methods, choices=methods)
     args = parser.parse_args(argv)
     rows = []
     for kind in args.kinds:

@@ -246,7 +246,10 @@ class SOFT(Backbone):
             same result up to rounding: 'iterative' runs the matrix iterations in float32,
             'spectral' evaluates them through one eigendecomposition, 'tf32' runs the
             first T - 5 steps with TF32 tensor-core products (CUDA; emulated elsewhere)
-            and the last 5 in float32, which correct them; 'auto' (default) picks per
+            and the last 5 in float32, which correct them only where the iterate has
+            converged (below the official float32 accuracy on hard kernels); 'tf32x3'
+            makes every float32 product from three TF32 products of split operands
+            (float32 accuracy on tensor cores; emulated off CUDA); 'auto' (default) picks per
             device and landmark count from measurements
             (``mmsoft.models.attention.PINV_AUTO``: on CPU spectral above 128
             landmarks, on CUDA iterative). 'regularized' is a fast mode that is *not*
