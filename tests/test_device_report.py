@@ -22,6 +22,7 @@ def test_report_runs_its_steps(tmp_path):
     assert 'tools/benchmark.py --device cpu --sizes 64x64' in report
     assert '--sections pinv --json' in report
     assert '| RetinaNet | SOFT-S |' in report  # the detector table
+    assert '\n### detector\n' in report  # the benchmark's headings below the step's
     assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
     assert (tmp_path / 'pinv.json').exists() and (tmp_path / 'detector.json').exists()
     assert '===== detector' in (tmp_path / 'report.log').read_text()
@@ -42,6 +43,28 @@ def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
     assert 'timed out (budget)' in report and 'started' in report
     assert 'not run: the time budget was spent' in report
     assert 'Steps not completed: pinv, layout' in report
+
+
+def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
+    """report.md grows step by step: a call killed during its second step (the device's
+    time limit) still leaves the first step's section."""
+    calls = []
+
+    def run_step(cmd, timeout):
+        calls.append(cmd)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stands for the kill
+        return 0, 1.0, '| table |'
+
+    monkeypatch.setattr(device_report, 'run_step', run_step)
+    try:
+        device_report.main(['--device', 'cpu', '--steps', 'pinv', 'layout', '--out',
+                            str(tmp_path)])
+    except KeyboardInterrupt:
+        pass
+    report = (tmp_path / 'report.md').read_text()
+    assert '## pinv: ' in report and '| table |' in report and 'exit 0, 1 s' in report
+    assert '## layout' not in report
 
 
 def test_compile_steps_measure_one_round():

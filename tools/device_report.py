@@ -14,15 +14,17 @@ runs. The steps (``--part base`` unless said otherwise):
   detector       benchmark --sections detector (``--part detector``: RetinaNet and Mask
                  R-CNN need mmcv's compiled ops, which a fresh GPU machine builds first)
 
-It writes OUT/report.md (the machine, then per step: the command, its exit status and
-seconds, and what it printed, mmengine's log lines left out), OUT/report.log (everything
+It writes OUT/report.md (the machine, then per step as it completes: the command, its
+exit status and seconds, and what it printed, mmengine's log lines left out), OUT/report.log (everything
 printed) and OUT/<step>.json (the numbers, from ``benchmark.py --json``).
 
-On a lent GPU machine, two calls of under 10 minutes each (``--budget`` stops starting
-steps once its seconds are spent):
+On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), two calls of
+under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
+stops a step that outlasts it, so the set-up and the report fit in one call:
 
-  python tools/device_report.py --device cuda --part base --out "$OUT"
-  python tools/device_report.py --device cuda --part detector --out "$OUT"
+  source .gpu/setup.sh && python3 tools/device_report.py --device cuda --out "$OUT"
+  source .gpu/setup.sh cuda-ops && python3 tools/device_report.py --device cuda
+      --part detector --budget 280 --out "$OUT"   (one line; after ~270 s of mmcv build)
 
 report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
 in a further call (the report is appended to).
@@ -127,7 +129,8 @@ def shown(printed, name):
     lines = [ln for ln in printed.splitlines() if not MMENGINE_LOG.match(ln)]
     if STEPS[name][1] is None:
         return lines[-15:]
-    return lines
+    # the benchmark's headings one level below the step's
+    return ['#' + ln if ln.startswith('#') else ln for ln in lines]
 
 
 def main(argv=None):
@@ -141,7 +144,7 @@ def main(argv=None):
                         help='only these steps (in the order of the list above)')
     parser.add_argument('--small', action='store_true',
                         help='toy sizes: checks the script, measures nothing')
-    parser.add_argument('--budget', type=float, default=570,
+    parser.add_argument('--budget', type=float, default=540,
                         help='seconds: no step starts after this, and a running step is '
                         'stopped when it is spent')
     args = parser.parse_args(argv)
@@ -152,19 +155,26 @@ def main(argv=None):
         parser.error(f'none of {args.steps} is in --part {args.part}')
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
-    report = ['# mmsoft device report', ''] + machine(args.device)
+    path = osp.join(args.out, 'report.md')
+
+    def write(lines):  # appended as it goes: a call cut short keeps what it measured
+        with open(path, 'a') as f:
+            f.write('\n'.join(lines) + '\n')
+
+    header = ['# mmsoft device report', ''] + machine(args.device)
     if args.small:
-        report.append('- toy sizes (--small): a check of the script, not a measurement')
+        header.append('- toy sizes (--small): a check of the script, not a measurement')
+    write(header)
     failed = []
     with open(osp.join(args.out, 'report.log'), 'a') as log:
         for name in names:
             cmd = command(name, args)
             shown_cmd = ' '.join(osp.relpath(c, ROOT) if c.startswith(ROOT) else c
                                  for c in [osp.basename(sys.executable)] + cmd[1:])
-            report += ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
+            section = ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
             left = args.budget - (time.perf_counter() - start)
             if left <= 0:
-                report.append('not run: the time budget was spent')
+                write(section + ['not run: the time budget was spent'])
                 failed.append(name)
                 print(f'[{name}] not run: budget spent', flush=True)
                 continue
@@ -175,13 +185,10 @@ def main(argv=None):
             status = ('timed out (budget)' if code is None else f'exit {code}')
             if code != 0:
                 failed.append(name)
-            report += [f'{status}, {seconds:.0f} s', ''] + shown(printed, name)
+            write(section + [f'{status}, {seconds:.0f} s', ''] + shown(printed, name))
             print(f'[{name}] {status}, {seconds:.0f} s', flush=True)
-    report += ['', f'Steps not completed: {", ".join(failed)}' if failed
-               else 'Every step completed.']
-    path = osp.join(args.out, 'report.md')
-    with open(path, 'a') as f:
-        f.write('\n'.join(report) + '\n')
+    write(['', f'Steps not completed: {", ".join(failed)}' if failed
+           else 'Every step completed.'])
     print(f'report: {path}')
     return 1 if failed else 0
 
