@@ -67,6 +67,21 @@ def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
     assert '## layout' not in report
 
 
+def test_missing_pytest_is_reported(tmp_path, monkeypatch):
+    """A machine without pytest (the lent GPU has no registry) gets a clear line instead
+    of a traceback, and the next steps still run."""
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: None if name == 'pytest' else find_spec(name, *a))
+    monkeypatch.setattr(device_report, 'run_step', lambda cmd, timeout: (0, 1.0, 'ok'))
+    code = device_report.main(['--device', 'cpu', '--steps', 'cuda-tests', 'pinv', '--out',
+                               str(tmp_path)])
+    report = (tmp_path / 'report.md').read_text()
+    assert code == 1 and 'pytest is not installed' in report and 'pip download' in report
+    assert '## pinv' in report and 'exit 0, 1 s' in report
+
+
 def test_compile_steps_measure_one_round():
     """A compiled model is compiled afresh for every measurement: the compile steps run
     one round (their own --rounds comes last, so argparse keeps it), the others three."""

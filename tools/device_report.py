@@ -33,6 +33,7 @@ in a further call (the report is appended to).
 measurement.
 """
 import argparse
+import importlib.util
 import os
 import os.path as osp
 import platform
@@ -72,6 +73,9 @@ SMALL = ['--sizes', '64x64', '--repeat', '0', '--train-batch', '1', '--pinv-size
          '130', '--skip-official', '--detector-size', '128x160']
 FULL = ['--sizes', '512x512', '800x1344', '--rounds', '3']
 
+NO_PYTEST = ('not run: pytest is not installed here (on a GPU machine without a registry, '
+             'carry its wheels: pip download --no-deps --only-binary=:all: -d .gpu/whl '
+             'pytest pluggy iniconfig)')
 MMENGINE_LOG = re.compile(r'^\d\d/\d\d \d\d:\d\d:\d\d - mmengine - ')
 
 
@@ -173,6 +177,11 @@ def main(argv=None):
                                  for c in [osp.basename(sys.executable)] + cmd[1:])
             section = ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
             left = args.budget - (time.perf_counter() - start)
+            if cmd[1:3] == ['-m', 'pytest'] and importlib.util.find_spec('pytest') is None:
+                write(section + [NO_PYTEST])
+                failed.append(name)
+                print(f'[{name}] {NO_PYTEST}', flush=True)
+                continue
             if left <= 0:
                 write(section + ['not run: the time budget was spent'])
                 failed.append(name)
