@@ -15,8 +15,9 @@ runs. The steps (``--part base`` unless said otherwise):
                  R-CNN need mmcv's compiled ops, which a fresh GPU machine builds first)
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
-exit status and seconds, and what it printed, mmengine's log lines left out), OUT/report.log (everything
-printed) and OUT/<step>.json (the numbers, from ``benchmark.py --json``).
+exit status and seconds, and what it printed, mmengine's log lines left out),
+OUT/report.log (everything printed) and OUT/<step>.json (the numbers, from
+``benchmark.py --json``).
 
 On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), two calls of
 under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
