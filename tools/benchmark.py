@@ -56,7 +56,7 @@ import os.path as osp
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import numpy as np
@@ -167,6 +167,9 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
 def measure(model, size, device, repeat, train=False, official=False, batch=1,
             compile_mode=None, amp=None):
     """Median seconds of forward (or forward+backward) of a batch, under
@@ -183,7 +186,7 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
         repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
-    ctx = _official_order() if official else _Null()
+    ctx = _official_order() if official else nullcontext()
     with ctx:
         for i in range(repeat + 1):
             if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
@@ -203,18 +206,6 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
             if i > 0 or repeat == 0:
                 times.append(time.perf_counter() - t0)
     return float(np.median(times))
-
-
-AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-
-
-class _Null:
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _sync(device):
@@ -385,7 +376,7 @@ def section_modes(args, out):
             continue
         model = _fixture_soft(**kwargs)
         devs = []
-        with torch.no_grad(), MODE_SWAPS.get(mode, _Null)():
+        with torch.no_grad(), MODE_SWAPS.get(mode, nullcontext)():
             for k, x in inputs.items():
                 outs = model(x)
                 devs.append(max(map(relative_deviation, outs, refs[k])))
@@ -393,7 +384,7 @@ def section_modes(args, out):
                     dev_official = max(map(relative_deviation, outs, official))
         t = None
         if mode in _soft_modes(args, [mode]):
-            with MODE_SWAPS.get(mode, _Null)():
+            with MODE_SWAPS.get(mode, nullcontext)():
                 t = measure(build('SOFT-S', mode), hw, args.device,
                             0 if is_official else args.repeat)
         rows[mode] = dict(time=t, deviation=devs, official=dev_official)
@@ -575,19 +566,18 @@ def _zero_padded(fn, multiple, formed):
 
 
 def _pinv_applied(A, Z, method):
+    """A⁺·Z as inference computes it (a column of the pinv section)."""
     from mmsoft.models.attention import newton_pinv_apply
     return newton_pinv_apply(A, Z, method=method, nonnegative=True)
 
 
 def section_pinv(args, out):
     """Batched 20-step pseudo-inverse of Gaussian-kernel matrices, by method."""
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv
     cols = {
         'iterative': lambda A, Z: newton_pinv(A, method='iterative', nonnegative=True),
-        'iterative, applied': lambda A, Z: newton_pinv_apply(A, Z, method='iterative',
-                                                             nonnegative=True),
-        'spectral (eigh)': lambda A, Z: newton_pinv_apply(A, Z, method='spectral',
-                                                          nonnegative=True),
+        'iterative, applied': partial(_pinv_applied, method='iterative'),
+        'spectral (eigh)': partial(_pinv_applied, method='spectral'),
     }
     if args.device == 'cuda':  # elsewhere TF32 is only emulated
         for method in ('tf32', 'tf32x3'):

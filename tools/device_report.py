@@ -178,7 +178,7 @@ def main(argv=None):
                                  for c in [osp.basename(sys.executable)] + cmd[1:])
             section = ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
             left = args.budget - (time.perf_counter() - start)
-            if cmd[1:3] == ['-m', 'pytest'] and importlib.util.find_spec('pytest') is None:
+            if STEPS[name][1] is None and importlib.util.find_spec('pytest') is None:
                 write(section + [NO_PYTEST])
                 failed.append(name)
                 print(f'[{name}] {NO_PYTEST}', flush=True)

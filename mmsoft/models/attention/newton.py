@@ -30,7 +30,7 @@ deviation, in inference and training, over seeds and thread / SIMD settings
 'regularized' (``regularized_apply``) is a fast mode that is *not* the iterate.
 Shapes: ... leading batch dimensions, m landmarks.
 """
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -197,7 +197,7 @@ def _split_tf32(x, emulate):
     return hi, round_tf32(lo) if emulate else lo
 
 
-def _split_bmm(a, b, emulate):
+def _split_bmm(a, b):
     """a·b in float32 accuracy from three TF32 products, small terms first:
     lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the dropped lo_a·lo_b is ~2^-22 of a·b). ``a`` and
     ``b`` are pairs (hi, lo) from ``_split_tf32``; (b, m, k) and (b, k, n)."""
@@ -212,8 +212,8 @@ def _newton_steps_split(A, V, steps):
     emulate = not A.is_cuda
     A2 = _split_tf32(A, emulate)
     for _ in range(steps):
-        AV = _split_bmm(A2, _split_tf32(V, emulate), emulate)
-        VAV = _split_bmm(_split_tf32(V, emulate), _split_tf32(AV, emulate), emulate)
+        V2 = _split_tf32(V, emulate)  # split once, used in both products
+        VAV = _split_bmm(V2, _split_tf32(_split_bmm(A2, V2), emulate))
         V = torch.add(V, V).sub_(VAV)
     return V
 
@@ -227,10 +227,8 @@ def _newton_steps(A, V, steps, tf32=False, split=False):
     if steps <= 0:
         return V
     if split and A.dtype == torch.float32:
-        if A.is_cuda:
-            with _cuda_tf32_matmuls():
-                return _newton_steps_split(A, V, steps)
-        return _newton_steps_split(A, V, steps)
+        with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
+            return _newton_steps_split(A, V, steps)
     if not tf32 or A.dtype != torch.float32:  # TF32 rounds float32 operands only
         for _ in range(steps):
             V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
@@ -285,9 +283,9 @@ def _spectral_factors(A, alpha, iters):
 
 
 def _iteration_start(A, iters, method, nonnegative):
-    """Where the float32 steps of 'iterative' / 'tf32' begin: (A3, V, steps) with A as
-    (b, m, m), V = V₀ = αA ('iterative') or V after the TF32 steps ('tf32'), and the
-    number of float32 steps still to run."""
+    """Where the float32 steps of 'iterative' / 'tf32' / 'tf32x3' begin: (A3, V, steps)
+    with A as (b, m, m), V = V₀ = αA ('iterative', 'tf32x3') or V after the TF32 steps
+    ('tf32'), and the number of float32 steps still to run."""
     alpha = newton_alpha(A, nonnegative=nonnegative)
     m = A.shape[-1]
     A3 = A.reshape(-1, m, m)
@@ -405,8 +403,8 @@ def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
-    'tf32' and 'tf32x3' form A⁺ (with or without gradients: see the module docstring); 'spectral'
-    never forms it.
+    'tf32' and 'tf32x3' form A⁺ (with or without gradients: see the module docstring);
+    'spectral' never forms it.
 
     Args:
         A (Tensor): (..., m, m), float32 or float64.
