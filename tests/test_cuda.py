@@ -46,20 +46,36 @@ def test_parity_on_cuda(pinv_method, layout, monkeypatch):
 
 
 def test_training_gradients_on_cuda_equal_cpu():
-    """One training step's gradients on CUDA (memory-lean path) equal the CPU's."""
+    """One training step's gradients on CUDA (memory-lean path) equal the CPU's.
+
+    The biases of the convs that feed a training-mode BatchNorm (the patch embeddings)
+    have a gradient of zero by construction: BatchNorm subtracts the batch mean. Their
+    float32 gradients are rounding noise (on the CPU ≤ 2.9e-7 of the largest gradient,
+    float64 ≤ 7e-16), so they are told apart by a float64 CPU pass and must stay at the
+    noise level on both devices (bound 1e-5, 35× the CPU's); the others must agree to
+    1e-4 (float32 vs float64 on the CPU: ≤ 7e-6)."""
     torch.manual_seed(0)
     model = fixture_model(pinv_method='auto')
     model.train()
     x = torch.randn(2, 3, 96, 128)
     grads = {}
-    for device in ('cpu', 'cuda'):
-        m = model.to(device)
+    for device, dtype in (('cpu', torch.float64), ('cpu', torch.float32),
+                          ('cuda', torch.float32)):
+        m = model.to(device, dtype)
         m.zero_grad()
-        sum(o.float().pow(2).mean() for o in m(x.to(device))).backward()
-        grads[device] = {k: p.grad.detach().cpu().clone() for k, p in m.named_parameters()
-                         if p.grad is not None}
-    for k, g in grads['cpu'].items():
-        assert rel_err(grads['cuda'][k], g) < 1e-4, k
+        sum(o.pow(2).mean() for o in m(x.to(device, dtype))).backward()
+        grads[device, dtype] = {k: p.grad.detach().cpu().double()
+                                for k, p in m.named_parameters() if p.grad is not None}
+    exact = grads['cpu', torch.float64]
+    scale = max(g.abs().max() for g in exact.values())
+    zero = {k for k, g in exact.items() if g.abs().max() <= 1e-12 * scale}
+    assert 0 < len(zero) < len(exact) / 4, sorted(zero)  # the patch-embedding biases
+    cpu, cuda = grads['cpu', torch.float32], grads['cuda', torch.float32]
+    for k, g in cpu.items():
+        if k in zero:
+            assert max(g.abs().max(), cuda[k].abs().max()) <= 1e-5 * scale, k
+        else:
+            assert rel_err(cuda[k], g) < 1e-4, k
 
 
 def test_attention_training_memory_is_bounded():

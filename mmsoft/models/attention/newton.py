@@ -50,14 +50,17 @@ PINV_METHODS = ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3', 'regularized'
 #   With eigh in float64 (``_spectral_factors``) still so: `--sections pinv
 #   --pinv-sizes 100 128 196 256 400 --pinv-pad 1`, batch 20, spectral vs the formed
 #   iterate: 10.6 / 7.1 ms, 18.3 / 15.7, 38.5 / 47.4, 65.5 / 88.5, 166 / 323.
-# - cuda: NVIDIA H100, torch 2.11 + CUDA 13 (issue #13). cuSOLVER's batched eigh handles
-#   one matrix at a time above 32×32 and was slower than the float32 iterations for every
-#   m ≥ 49 (m = 256: 100 ms vs 3.4 ms; m = 1025, batch 20: 236 ms vs 48 ms).
-#   'tf32' is not the CUDA default: below the accuracy floor on hard kernels
-#   (``TF32_FP32_STEPS``). 'tf32x3' meets it (emulated: ≤ 1.40× the official float32
-#   iteration's deviation on the hard kernels, `tools/analysis/pinv_accuracy.py --seeds 0
-#   1 2 3 4 5 6 7 --methods tf32x3`); it becomes the CUDA default only if
-#   `tools/device_report.py` measures it faster than 'iterative' there.
+# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `tools/benchmark.py --device cuda
+#   --sections pinv --rounds 3` (batch 20; the 'pinv' step of tools/device_report.py).
+#   The formed float32 iterate is the fastest exact method at every m: m = 16 / 128 /
+#   400 / 1025: 'iterative' 2.0 / 1.6 / 4.1 / 46.1 ms, eigh (cuSOLVER, one matrix at a
+#   time) 1.3 / 34.5 / 78.0 / 241.5 ms, 'tf32x3' 5.1 / 6.5 / 8.8 / 78.0 ms (54.0 with m
+#   padded to a multiple of 8, which leaves 'iterative' at 46.4 ms). 'tf32' is faster at
+#   m = 1025 (27.3 ms, 21.1 padded) but below the accuracy floor on hard kernels
+#   (``TF32_FP32_STEPS``), so it stays opt-in. 'tf32x3' meets the floor (emulated: ≤
+#   1.40× the official float32 iteration's deviation, `tools/analysis/pinv_accuracy.py
+#   --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`; the CUDA parity tests pass with it) but is
+#   slower there than float32, so it is opt-in too.
 PINV_AUTO = {
     'cpu': ((128, 'iterative'), (None, 'spectral')),
     'cuda': ((None, 'iterative'), ),

@@ -36,7 +36,12 @@ __all__ = [
 #   they are within noise (512×512 stage 3: 7.1 vs 11.2 ms; 640×640 stage 2: 38.6 vs
 #   41.2 ms; 512×512 stage 1: 37.7 vs 36.5 ms), from 2^24.3 chunks win (640×640 stage 1:
 #   95 vs 76 ms; 800×1344 stage 2, 2^26.1: 444 vs 354 ms; stage 1, 2^27.1: 785 vs 648).
-# - cuda: 64 MB chunks (few launches), P once; not yet measured against other choices.
+# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections kernel
+#   --sizes 512x512 800x1344 --rounds 3` (train batch 2; the 'layout' step of
+#   tools/device_report.py). With backward 2^24 was the fastest chunk tried in all six
+#   cases (800×1344 stage 1: 31.5 ms; 2^22 36.3, 2^20 138, 2^18 509). Inference, P once
+#   was fastest or within 0.1 ms of the fastest chunk at every stage and size (800×1344
+#   stage 1, P of 2^27.1 elements: 4.1 ms vs 6.1 ms with 2^24 chunks).
 KERNEL_PLAN = {
     'cpu': (2**20, 2**24),
     'cuda': (2**24, None),

@@ -25,8 +25,12 @@ __all__ = ['SOFT', 'checkpoint_filter_fn']
 # - cpu: 2-core x86 CPU, torch 2.14.1: 'channels' faster at every stage and size, most
 #   at stage 1 (800×1344: forward 7.6 ms vs 177 ms; training step at batch 2 0.36 s vs
 #   1.39 s). Outputs equal.
-# - cuda: 'images', the official layout, until the section has been run on a GPU.
-LOCAL_CONV_LAYOUT = {'cpu': 'channels'}
+# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections dwconv
+#   --rounds 3` (the 'layout' step of tools/device_report.py): 'images' faster in 11 of
+#   the 12 cases (800×1344 stage 1: forward 0.3 ms vs 1.5 ms, training step at batch 2
+#   3.5 ms vs 7.6 ms); 'channels' only in stage 2's training step at 800×1344 (0.7 vs
+#   0.9 ms).
+LOCAL_CONV_LAYOUT = {'cpu': 'channels', 'cuda': 'images'}
 
 
 class HeadSharedConv(nn.Conv2d):
