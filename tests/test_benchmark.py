@@ -237,3 +237,26 @@ def test_detector_configs_differ_only_in_the_backbone():
     changed = [k for k, p in model.named_parameters() if not torch.equal(p, before[k])]
     assert any(k.startswith('backbone.') for k in changed)
     assert any(k.startswith('roi_head.mask_head.') for k in changed)
+
+
+def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
+    """Dynamo caches compiled code per code object, not per ``torch.compile`` call: a
+    model compiled afresh at a second size hit the first one's cache entry and was
+    recompiled with dynamic shapes (on an H100 the compile steps of the device report ran
+    out of time in it). ``measure`` starts each compiled measurement from a reset, so each
+    size gets its own static graph."""
+    import torch
+
+    from tools import benchmark
+    real_compile, dynamic = torch.compile, []
+
+    def backend(gm, example_inputs):
+        dynamic.append(any(isinstance(a, torch.SymInt) for a in example_inputs))
+        return gm.forward
+
+    monkeypatch.setattr(torch, 'compile',
+                        lambda model, mode=None: real_compile(model, backend=backend))
+    model = torch.nn.Conv2d(3, 4, 3)
+    for size in ((16, 16), (24, 32), (40, 24)):
+        benchmark.measure(model, size, 'cpu', repeat=0, compile_mode='default')
+    assert dynamic == [False] * 3

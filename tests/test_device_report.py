@@ -19,8 +19,8 @@ def test_report_runs_its_steps(tmp_path):
     assert '## pinv: ' in report and '## detector: ' in report
     assert '## fp32' not in report  # not selected
     assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
-    assert 'tools/benchmark.py --device cpu --sizes 64x64' in report
-    assert '--sections pinv --json' in report
+    assert 'tools/benchmark.py --device cpu --sections pinv --sizes 64x64' in report
+    assert '--detector-size 128x160 --json' in report
     assert '| RetinaNet | SOFT-S |' in report  # the detector table
     assert '\n### detector\n' in report  # the benchmark's headings below the step's
     assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
@@ -82,25 +82,60 @@ def test_missing_pytest_is_reported(tmp_path, monkeypatch):
     assert '## pinv' in report and 'exit 0, 1 s' in report
 
 
-def test_compile_steps_measure_one_round():
+def _last(cmd, option, n=1):
+    """What argparse keeps of ``option`` in ``cmd``: its last occurrence's n values."""
+    i = len(cmd) - 1 - cmd[::-1].index(option)
+    return cmd[i + 1:i + 1 + n]
+
+
+def test_compile_steps_measure_one_round_at_one_size():
     """A compiled model is compiled afresh for every measurement: the compile steps run
-    one round (their own --rounds comes last, so argparse keeps it), the others three."""
+    one round at the detection size (their own options come last, so argparse keeps
+    them), the others three rounds at both sizes; --small's toy sizes win everywhere."""
     import argparse
-    args = argparse.Namespace(device='cuda', small=False, out='o')
-    for name in device_report.STEPS:
-        cmd = device_report.command(name, args)
-        if name == 'cuda-tests':
-            assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
-            continue
-        rounds = [cmd[i + 1] for i, a in enumerate(cmd) if a == '--rounds']
-        assert rounds[-1] == ('1' if name.startswith('compile') else '3'), name
-        assert cmd[cmd.index('--sizes') + 1:][:2] == ['512x512', '800x1344']
+    for small in (False, True):
+        args = argparse.Namespace(device='cuda', small=small, out='o')
+        for name in device_report.STEPS:
+            cmd = device_report.command(name, args)
+            if name == 'cuda-tests':
+                assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
+                continue
+            compiled = name.startswith('compile')
+            if small:
+                assert _last(cmd, '--sizes') == ['64x64'], name
+            elif compiled:
+                assert _last(cmd, '--rounds') == ['1'] and _last(cmd, '--sizes', 2) == [
+                    '800x1344', '--skip-official'], name
+            else:
+                assert _last(cmd, '--rounds') == ['3'], name
+                assert _last(cmd, '--sizes', 2) == ['512x512', '800x1344'], name
 
 
 def test_parts_split_the_steps():
-    """--part base needs no compiled mmcv ops; the detector step is its own part."""
+    """--part base needs no compiled mmcv ops; the detector step and the two compile
+    steps (each part fits one call of the GPU machine) are parts of their own."""
     parts = {name: part for name, (part, _, _) in device_report.STEPS.items()}
     assert parts.pop('detector') == 'detector'
+    assert parts.pop('compile-ro') == parts.pop('compile') == 'compile'
     assert set(parts.values()) == {'base'}
-    assert {'cuda-tests', 'pinv', 'layout', 'fp32', 'bf16', 'fp16', 'memory-modes',
-            'compile-ro', 'compile'} == set(parts)
+    assert {'cuda-tests', 'pinv', 'layout', 'fp32', 'bf16', 'fp16',
+            'memory-modes'} == set(parts)
+
+
+def test_report_leaves_log_lines_and_warnings_out():
+    """report.md keeps a benchmark's tables and sentences; mmengine's and torch's log
+    lines and Python's warnings (with their source lines) stay in report.log."""
+    printed = '\n'.join([
+        '# mmsoft benchmark: cpu',
+        '/x/benchmark.py:147: RuntimeWarning: mmsoft: transformers 5 beside mmpretrain',
+        '  import mmsoft  # noqa: F401',
+        '11/24 10:16:31 - mmengine - INFO - Loads checkpoint',
+        'W1124 10:16:31.584000 6836 torch/utils/_sympy/interp.py:179] [0/1] failed',
+        '/x/conv_module.py:208: UserWarning: Unnecessary conv bias',
+        '  warnings.warn(',
+        '  measured 512x512 (round 1/3)',
+        '| backbone | 512x512 |',
+        '| SOFT-S | 30.1 ms |'])
+    assert device_report.shown(printed, 'fp32') == [
+        '## mmsoft benchmark: cpu', '  measured 512x512 (round 1/3)', '| backbone | 512x512 |',
+        '| SOFT-S | 30.1 ms |']

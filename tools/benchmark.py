@@ -176,12 +176,16 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
     ``torch.autocast`` to ``amp`` ('bf16', 'fp16') if given.
 
     The first run is a warm-up (untimed) unless ``repeat`` is 0; with ``compile_mode``
-    (``torch.compile(model, mode=compile_mode)``) the compiling first run is never timed.
+    (``torch.compile(model, mode=compile_mode)``, from a reset of Dynamo's caches: a
+    static graph for this size) the compiling first run is never timed.
     """
     model = model.to(device)
     model.train(train)
     run = model
     if compile_mode:
+        # Dynamo caches per code object: without a reset a model compiled at a second
+        # size would reuse the first's entry and recompile with dynamic shapes
+        torch.compiler.reset()
         run = torch.compile(model, mode=compile_mode)
         repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)

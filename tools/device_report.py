@@ -9,8 +9,9 @@ runs. The steps (``--part base`` unless said otherwise):
   fp32           benchmark --sections speed,train
   bf16, fp16     the same under torch.autocast (--amp bf16 / fp16)
   memory-modes   benchmark --sections memory,modes
-  compile-ro     benchmark --sections speed,train --compile reduce-overhead
-  compile        benchmark --sections speed,train --compile default
+  compile-ro     benchmark --sections speed,train --compile reduce-overhead (``--part
+                 compile``, at 800x1344 only)
+  compile        benchmark --sections speed,train --compile default (``--part compile``)
   detector       benchmark --sections detector (``--part detector``: RetinaNet and Mask
                  R-CNN need mmcv's compiled ops, which a fresh GPU machine builds first)
 
@@ -19,13 +20,16 @@ exit status and seconds, and what it printed, mmengine's log lines left out),
 OUT/report.log (everything printed) and OUT/<step>.json (the numbers, from
 ``benchmark.py --json``).
 
-On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), two calls of
-under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
-stops a step that outlasts it, so the set-up and the report fit in one call:
+On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), three calls
+of under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
+stops a step that outlasts it, so the set-up and the report fit in one call (on an H100
+part base took 470 s, the detector part 55 s after ~300 s of mmcv build):
 
   source .gpu/setup.sh && python3 tools/device_report.py --device cuda --out "$OUT"
   source .gpu/setup.sh cuda-ops && python3 tools/device_report.py --device cuda
       --part detector --budget 280 --out "$OUT"   (one line; after ~270 s of mmcv build)
+  source .gpu/setup.sh && python3 tools/device_report.py --device cuda --part compile
+      --out "$OUT"
 
 report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
 in a further call (the report is appended to).
@@ -48,7 +52,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BENCHMARK = osp.join('tools', 'benchmark.py')
 
 # name -> (part, benchmark arguments or None for the pytest step, title); a step's own
-# arguments come after the common ones (SMALL / FULL) and override them.
+# arguments override FULL's, SMALL's override both.
 STEPS = {
     'cuda-tests': ('base', None, 'pytest -m cuda'),
     'pinv': ('base', ['--sections', 'pinv'], 'pseudo-inverse by landmark count (PINV_AUTO)'),
@@ -60,11 +64,13 @@ STEPS = {
     'fp16': ('base', ['--sections', 'speed,train', '--amp', 'fp16'],
              'speed and training step, autocast to float16'),
     'memory-modes': ('base', ['--sections', 'memory,modes'], 'peak memory; attention modes'),
-    # one round: every measurement compiles its model afresh
-    'compile-ro': ('base', ['--sections', 'speed,train', '--compile', 'reduce-overhead',
-                            '--rounds', '1'], "torch.compile(mode='reduce-overhead')"),
-    'compile': ('base', ['--sections', 'speed,train', '--compile', 'default', '--rounds',
-                         '1'], 'torch.compile()'),
+    # their own part (a call of its own): one round at the detection size, every
+    # measurement compiles its model afresh
+    'compile-ro': ('compile', ['--sections', 'speed,train', '--compile', 'reduce-overhead',
+                               '--rounds', '1', '--sizes', '800x1344', '--skip-official'],
+                   "torch.compile(mode='reduce-overhead')"),
+    'compile': ('compile', ['--sections', 'speed,train', '--compile', 'default', '--rounds',
+                            '1', '--sizes', '800x1344', '--skip-official'], 'torch.compile()'),
     'detector': ('detector', ['--sections', 'detector'],
                  'RetinaNet and Mask R-CNN: training iteration and test forward'),
 }
@@ -78,6 +84,10 @@ NO_PYTEST = ('not run: pytest is not installed here (on a GPU machine without a 
              'carry its wheels: pip download --no-deps --only-binary=:all: -d .gpu/whl '
              'pytest pluggy iniconfig)')
 MMENGINE_LOG = re.compile(r'^\d\d/\d\d \d\d:\d\d:\d\d - mmengine - ')
+# torch's logging (W1124 10:16:31.584000 6836 torch/...) and Python's warnings
+# (path:line: SomeWarning: text, then the source line indented)
+TORCH_LOG = re.compile(r'^[DIWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ')
+PY_WARNING = re.compile(r'^\S.*:\d+: \w*Warning: ')
 
 
 def machine(device):
@@ -105,8 +115,10 @@ def command(name, args):
     if bench is None:
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']
+    # argparse keeps an option's last value: a step's own sizes and rounds override FULL,
+    # and --small's toy sizes override everything
     return ([sys.executable, BENCHMARK, '--device', args.device] +
-            (SMALL if args.small else FULL) + bench +
+            (bench + SMALL if args.small else FULL + bench) +
             ['--json', osp.join(args.out, f'{name}.json')])
 
 
@@ -130,10 +142,15 @@ def run_step(cmd, timeout):
 
 def shown(printed, name):
     """What report.md keeps of a step's output: the pytest summary, or the benchmark's
-    tables and sentences without mmengine's log lines."""
-    lines = [ln for ln in printed.splitlines() if not MMENGINE_LOG.match(ln)]
+    tables and sentences without mmengine's and torch's log lines and Python's warnings
+    (report.log keeps everything)."""
     if STEPS[name][1] is None:
-        return lines[-15:]
+        return [ln for ln in printed.splitlines() if not MMENGINE_LOG.match(ln)][-15:]
+    lines, warning = [], False
+    for ln in printed.splitlines():  # a warning's next line, if indented, is its source
+        source, warning = warning and ln.startswith('  '), bool(PY_WARNING.match(ln))
+        if not (warning or source or MMENGINE_LOG.match(ln) or TORCH_LOG.match(ln)):
+            lines.append(ln)
     # the benchmark's headings one level below the step's
     return ['#' + ln if ln.startswith('#') else ln for ln in lines]
 
@@ -144,7 +161,8 @@ def main(argv=None):
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', choices=['cuda', 'cpu'], required=True)
     parser.add_argument('--out', required=True, help='directory for the report')
-    parser.add_argument('--part', choices=['base', 'detector', 'all'], default='base')
+    parser.add_argument('--part', choices=['base', 'detector', 'compile', 'all'],
+                        default='base')
     parser.add_argument('--steps', nargs='+', choices=sorted(STEPS),
                         help='only these steps (in the order of the list above)')
     parser.add_argument('--small', action='store_true',
