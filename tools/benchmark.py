@@ -39,7 +39,8 @@ Sections (``--sections``, default all):
 
 ``--compile MODE`` adds SOFT-S and Swin-T wrapped in ``torch.compile(mode=MODE)`` to the
 speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
-'max-autotune'); the first, compiling call of each is not timed.
+'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
+size), and its first, compiling call is not timed.
 
 "official order" is our own re-implementation of the official SOFT code's computation
 order (P computed twice, (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations); its outputs
