@@ -9,10 +9,13 @@ SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``regularized_apply``    fast mode: a Tikhonov solve standing in for the iterate
     ``normalize_inverse``    attention normalization D^-1/2 A⁺ D^-1/2
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
-    ``PINV_METHODS`` / ``PINV_AUTO``  the ways to compute the iterate, and which one
-                             'auto' runs per device (``newton.py``)
-    ``KERNEL_PLAN``          per device: the chunk size of P, and up to which size P is
-                             formed once without gradients (``soft.py``)
+    ``official_order_attention``  the official order (P·Â)·(Pᵀ·V): the reference
+    ``PINV_METHODS``         the ways to compute the iterate (``newton.py``)
+
+Per device (``plan.py``):
+    ``PLANS`` / ``plan_for`` the ``AttentionPlan`` of each device type: which iterate
+                             'auto' runs, the chunks of P, the depthwise-conv layout
+    ``attention_plan``       force choices for a block of code (like ``sdpa_kernel``)
 
 SimA (SPEC 2.1):
     ``sima_attention``       L1-normalized q, k over tokens, no softmax
@@ -20,16 +23,18 @@ SimA (SPEC 2.1):
 Shapes use B batch, h heads, N tokens, m landmarks, d head dim. Every function works on
 any leading batch dimensions (``...``).
 """
-from .newton import (PINV_AUTO, PINV_METHODS, TF32_FP32_STEPS, newton_alpha, newton_pinv,
+from .newton import (PINV_METHODS, TF32_FP32_STEPS, newton_alpha, newton_pinv,
                      newton_pinv_apply, newton_pinv_error, normalize_inverse,
                      regularized_apply, resolve_pinv_method, round_tf32)
+from .plan import DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan, plan_for
 from .sima import sima_attention
-from .soft import (KERNEL_PLAN, gaussian_kernel, kernel_features, kernel_matmul,
+from .soft import (gaussian_kernel, kernel_features, kernel_matmul, official_order_attention,
                    soft_attention)
 
 __all__ = [
-    'KERNEL_PLAN', 'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'gaussian_kernel',
-    'kernel_features', 'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply',
-    'newton_pinv_error', 'normalize_inverse', 'regularized_apply', 'resolve_pinv_method',
+    'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'TF32_FP32_STEPS', 'AttentionPlan',
+    'attention_plan', 'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'newton_alpha',
+    'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse',
+    'official_order_attention', 'plan_for', 'regularized_apply', 'resolve_pinv_method',
     'round_tf32', 'sima_attention', 'soft_attention'
 ]

@@ -18,7 +18,7 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  split operands, x = hi + lo with hi = x rounded to TF32:
                  hi·hi + hi·lo + lo·hi (``_split_bmm``), which keeps float32 accuracy on
                  tensor cores. Emulated off CUDA, like 'tf32'.
-    'auto'       per device type and size, from measurements (``PINV_AUTO``).
+    'auto'       per device type and size, from measurements (``plan.py``).
 
 Accuracy (float32 A): the reference is the float64 T-step iterate of the same A; the
 floor is the official code's float32 iteration, 2V - (V·A)·V. On kernels that are hard
@@ -34,37 +34,17 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from .plan import EXACT_PINV_METHODS, compute_dtype, device_type, plan_for
+
 __all__ = [
-    'PINV_AUTO', 'PINV_METHODS', 'TF32_FP32_STEPS', 'newton_alpha', 'newton_pinv',
+    'PINV_METHODS', 'TF32_FP32_STEPS', 'newton_alpha', 'newton_pinv',
     'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse', 'regularized_apply',
     'resolve_pinv_method', 'round_tf32'
 ]
 
-# 'regularized' is a fast mode: not the T-step iterate (see ``regularized_apply``).
-PINV_METHODS = ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3', 'regularized')
-
-# What 'auto' picks, per device type: (largest m, method) pairs tried in order; a device
-# type not listed uses 'iterative'. Measured with tools/benchmark.py --sections pinv:
-# - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products
-#   above m = 128 (m = 1025: 2.40 s vs 14.6 s for a batch of 20; README "Benchmarks").
-#   With eigh in float64 (``_spectral_factors``) still so: `--sections pinv
-#   --pinv-sizes 100 128 196 256 400 --pinv-pad 1`, batch 20, spectral vs the formed
-#   iterate: 10.6 / 7.1 ms, 18.3 / 15.7, 38.5 / 47.4, 65.5 / 88.5, 166 / 323.
-# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `tools/benchmark.py --device cuda
-#   --sections pinv --rounds 3` (batch 20; the 'pinv' step of tools/device_report.py).
-#   The formed float32 iterate is the fastest exact method at every m: m = 16 / 128 /
-#   400 / 1025: 'iterative' 2.0 / 1.6 / 4.1 / 46.1 ms, eigh (cuSOLVER, one matrix at a
-#   time) 1.3 / 34.5 / 78.0 / 241.5 ms, 'tf32x3' 5.1 / 6.5 / 8.8 / 78.0 ms (54.0 with m
-#   padded to a multiple of 8, which leaves 'iterative' at 46.4 ms). 'tf32' is faster at
-#   m = 1025 (27.3 ms, 21.1 padded) but below the accuracy floor on hard kernels
-#   (``TF32_FP32_STEPS``), so it stays opt-in. 'tf32x3' meets the floor (emulated: ≤
-#   1.40× the official float32 iteration's deviation, `tools/analysis/pinv_accuracy.py
-#   --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`; the CUDA parity tests pass with it) but is
-#   slower there than float32, so it is opt-in too.
-PINV_AUTO = {
-    'cpu': ((128, 'iterative'), (None, 'spectral')),
-    'cuda': ((None, 'iterative'), ),
-}
+# 'auto': the device's plan (``plan.py``); 'regularized' is a fast mode: not the T-step
+# iterate (see ``regularized_apply``).
+PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 
 # Float32 steps that end the 'tf32' schedule. Measured on the 84 landmark kernels of
 # SOFT-S on a photo at 800×1344 (H100), relative to the float64 iterate: 20 TF32 steps
@@ -77,20 +57,12 @@ PINV_AUTO = {
 TF32_FP32_STEPS = 5
 
 
-def _float_dtype(t):
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def _device_type(t):
-    """The autocast device type of a tensor (autocast knows cpu, cuda, xpu, ...)."""
-    return t.device.type if t.device.type in ('cuda', 'cpu', 'xpu', 'mps') else 'cpu'
-
-
 def resolve_pinv_method(method, m, device_type='cpu', iters=20):
     """The concrete method ('iterative', 'spectral', 'tf32', 'tf32x3', 'regularized').
 
     Args:
-        method (str): one of ``PINV_METHODS``; 'auto' is looked up in ``PINV_AUTO``.
+        method (str): one of ``PINV_METHODS``; 'auto' is the device's plan
+            (``plan_for(device_type).pinv``).
         m (int): landmarks (the size of A).
         device_type (str): where A lives ('cpu', 'cuda', ...).
     """
@@ -100,10 +72,7 @@ def resolve_pinv_method(method, m, device_type='cpu', iters=20):
         raise ValueError(f'iters must be >= 0, got {iters}')
     if method != 'auto':
         return method
-    for max_m, choice in PINV_AUTO.get(device_type, ((None, 'iterative'), )):
-        if max_m is None or m <= max_m:
-            return choice
-    raise AssertionError(f'PINV_AUTO[{device_type!r}] has no catch-all entry')
+    return plan_for(device_type).pinv_method(m)
 
 
 def newton_alpha(A, max_halvings=10, nonnegative=False):
@@ -398,8 +367,8 @@ def newton_pinv(A, iters=20, method='auto', nonnegative=False):
     if method == 'regularized':
         raise ValueError("method='regularized' never forms the inverse; it is only "
                          'available in soft_attention')
-    with torch.autocast(device_type=_device_type(A), enabled=False):
-        return _NewtonPinv.apply(A.to(_float_dtype(A)), iters, method, nonnegative)
+    with torch.autocast(device_type=device_type(A), enabled=False):
+        return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative)
 
 
 def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
@@ -429,7 +398,7 @@ def regularized_apply(A, Z, iters=20):
     (1 - exp(-λ²/μ)) / λ: the exact inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ. The
     Tikhonov filter λ / (λ² + μ) has the same two limits, so with this μ it is a close
     stand-in (it deviates most, by up to ~20 % on that eigen-component, where λ² ≈ μ);
-    ``tools/benchmark.py --sections modes`` reports the resulting output deviation.
+    ``tools/analysis_tools/benchmark.py --sections modes`` reports the resulting output deviation.
     One m×m product and one Cholesky factorization replace the eigendecomposition;
     gradients are exact for this filter (autograd through the solve).
 

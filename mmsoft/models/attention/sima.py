@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from .newton import _device_type, _float_dtype
+from .plan import compute_dtype, device_type
 
 __all__ = ['sima_attention']
 
@@ -23,8 +23,8 @@ def sima_attention(q, k, v, order='auto'):
     """
     if order not in ('auto', 'qk_first', 'kv_first'):
         raise ValueError(f"order must be 'auto', 'qk_first' or 'kv_first', got {order!r}")
-    with torch.autocast(device_type=_device_type(q), enabled=False):
-        dtype = _float_dtype(q)
+    with torch.autocast(device_type=device_type(q), enabled=False):
+        dtype = compute_dtype(q)
         q = F.normalize(q.to(dtype), p=1, dim=-2)
         k = F.normalize(k.to(dtype), p=1, dim=-2)
         v = v.to(dtype)

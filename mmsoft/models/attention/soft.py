@@ -4,8 +4,9 @@ P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the netw
 per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
 kept for backward: ``kernel_matmul`` computes its products in row chunks and recomputes
 P in its backward, so training memory holds only the thin Q, Q̃, V and W. Without
-gradients P is formed once, or, where ``KERNEL_PLAN`` says so for large P, its products
-are also computed in row chunks (P computed twice, never whole).
+gradients P is formed once, or, where the device's plan says so for large P
+(``plan.py``), its products are also computed in row chunks (P computed twice, never
+whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
 (``kernel_features``, made once per attention; where inference forms P whole, the
@@ -15,38 +16,14 @@ products with the features also give the norms' gradients (``_KernelMatmul``).
 """
 import torch
 
-from .newton import (_device_type, _float_dtype, newton_pinv_apply, regularized_apply,
+from .newton import (newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply,
                      resolve_pinv_method)
+from .plan import compute_dtype, device_type, plan_for
 
 __all__ = [
-    'KERNEL_PLAN', 'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'soft_attention'
+    'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'official_order_attention',
+    'soft_attention'
 ]
-
-# How P = κ(q, landmarks) is computed, per device type (others: as 'cuda'):
-# (chunk, once_up_to): ``kernel_matmul`` makes P in row chunks of about ``chunk`` elements
-# (whatever the batch and landmark count); without gradients P is formed once if it has
-# at most ``once_up_to`` elements (None: always), else the chunked products run twice.
-# Measured with tools/benchmark.py --sections kernel --sizes 512x512 640x640 800x1344
-# --rounds 3 --train-batch 1 (SOFT-S's stages 1-3; README "Benchmarks"):
-# - cpu: 2-core x86 CPU, torch 2.14.1. A fresh tensor of tens of MB costs page faults on
-#   every forward (torch.abs of a 44 MB tensor: 19 ms into a new one, 2.2 ms with out=);
-#   4 MB chunks are used while in cache and reuse the same memory. With backward 2^20
-#   was the fastest chunk or within 3 % of it at every stage (800×1344 stage 1: 2.92 s,
-#   2^24: 4.38 s). Inference, P once vs 2^20 chunks: up to 2^23.3 elements once wins or
-#   they are within noise (512×512 stage 3: 7.1 vs 11.2 ms; 640×640 stage 2: 38.6 vs
-#   41.2 ms; 512×512 stage 1: 37.7 vs 36.5 ms), from 2^24.3 chunks win (640×640 stage 1:
-#   95 vs 76 ms; 800×1344 stage 2, 2^26.1: 444 vs 354 ms; stage 1, 2^27.1: 785 vs 648).
-# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections kernel
-#   --sizes 512x512 800x1344 --rounds 3` (train batch 2; the 'layout' step of
-#   tools/device_report.py). With backward 2^24 was the fastest chunk tried in all six
-#   cases (800×1344 stage 1: 31.5 ms; 2^22 36.3, 2^20 138, 2^18 509). Inference, P once
-#   was fastest or within 0.1 ms of the fastest chunk at every stage and size (800×1344
-#   stage 1, P of 2^27.1 elements: 4.1 ms vs 6.1 ms with 2^24 chunks).
-KERNEL_PLAN = {
-    'cpu': (2**20, 2**24),
-    'cuda': (2**24, None),
-}
-
 
 def kernel_features(x, right=False):
     """Features whose products are the Gaussian kernel's logits: one matmul makes them.
@@ -62,7 +39,7 @@ def kernel_features(x, right=False):
     Returns:
         Tensor: (..., n, d + 2) in x's dtype.
     """
-    sq = x.to(_float_dtype(x)).pow(2).sum(-1, keepdim=True).to(x.dtype)
+    sq = x.to(compute_dtype(x)).pow(2).sum(-1, keepdim=True).to(x.dtype)
     half = torch.full_like(sq, -0.5)
     return torch.cat([x, half, sq] if right else [x, sq, half], -1)
 
@@ -90,13 +67,9 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-def _kernel_plan(t):
-    return KERNEL_PLAN.get(t.device.type, KERNEL_PLAN['cuda'])
-
-
-def _row_chunks(fq, fl):
-    """Row ranges of P = κ(q, l) of about ``KERNEL_PLAN``'s chunk elements, for features
-    (b, N, K) and (b, m, K).
+def _row_chunks(fq, fl, chunk):
+    """Row ranges of P = κ(q, l) of about ``chunk`` elements (the plan's
+    ``kernel_chunk``), for features (b, N, K) and (b, m, K).
 
     Written over the number of chunks rather than ``range(0, N, step)``: under
     ``torch.compile`` that range fixes N (the token count) to its traced value, so every
@@ -104,7 +77,7 @@ def _row_chunks(fq, fl):
     same number of chunks (tests/test_soft.py).
     """
     (b, N, _), m = fq.shape, fl.shape[-2]
-    step = max(1, _kernel_plan(fq)[0] // max(1, b * m))
+    step = max(1, chunk // max(1, b * m))
     return [(k * step, min((k + 1) * step, N)) for k in range((N + step - 1) // step)]
 
 
@@ -150,11 +123,11 @@ class _KernelMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, transpose, fq, fl):
+    def forward(ctx, q, l, w, transpose, chunk, fq, fl):
         ctx.save_for_backward(q, l, w)
-        ctx.transpose = transpose
+        ctx.transpose, ctx.chunk = transpose, chunk
         w3 = _flat(w)
-        chunks = _row_chunks(fq, fl)
+        chunks = _row_chunks(fq, fl, chunk)
         if transpose:  # Pᵀ·W: (b, m, n), summed over row chunks
             out = None
             for i, j in chunks:
@@ -171,7 +144,7 @@ class _KernelMatmul(torch.autograd.Function):
         w3, grad = _flat(w), _flat(grad)
         grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
         grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
-        for i, j in _row_chunks(fq, fl):
+        for i, j in _row_chunks(fq, fl, ctx.chunk):
             P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
             if ctx.transpose:  # out = Pᵀ·W
                 if need_w:
@@ -190,7 +163,7 @@ class _KernelMatmul(torch.autograd.Function):
         grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
         grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
         return (grad_q, grad_l, None if grad_w is None else grad_w.view(w.shape), None,
-                None, None)
+                None, None, None)
 
 
 def kernel_matmul(q, landmarks, w, transpose=False):
@@ -203,7 +176,9 @@ def kernel_matmul(q, landmarks, w, transpose=False):
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    return _KernelMatmul.apply(q, landmarks, w, transpose, *_features_of(q, landmarks))
+    chunk = plan_for(q.device.type).kernel_chunk
+    return _KernelMatmul.apply(q, landmarks, w, transpose, chunk,
+                               *_features_of(q, landmarks))
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'):
@@ -213,7 +188,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
     A⁺ is applied to them (``newton_pinv_apply``). With gradients, P is computed in
     chunks and never kept (``kernel_matmul``); without, it is computed once, or in
-    chunks twice where ``KERNEL_PLAN`` says so for its size and device.
+    chunks twice where the device's plan says so for its size (``plan.py``). The plan's
+    ``order='official'`` runs ``official_order_attention`` instead.
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)
@@ -227,7 +203,10 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     Returns:
         Tensor: (..., N, d) in q's dtype (the autocast dtype under autocast).
     """
-    device = _device_type(q)
+    device = device_type(q)
+    plan = plan_for(q.device.type)
+    if plan.order == 'official':
+        return official_order_attention(q, landmarks, v, iters, normalize)
     method = resolve_pinv_method(pinv_method, landmarks.shape[-2], q.device.type, iters)
     # Under autocast the N-sized products run in the autocast dtype, as plain matmuls
     # would; the Function below sees concrete dtypes and runs with autocast off.
@@ -239,15 +218,16 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         # kept for backward) or when it is too large to form at once on this device; a
         # traced graph keeps the plain products (the chunking is Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
-        once_up_to = _kernel_plan(q)[1]
+        once_up_to = plan.kernel_once_up_to
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
         chunked = (grad or large) and not torch.jit.is_tracing()
         # The small m×m landmark kernel A and its inverse always stay in float32.
-        dtype = _float_dtype(landmarks)
+        dtype = compute_dtype(landmarks)
         lm = landmarks.to(dtype)
         if chunked:  # the kernel features once for both products
             features = _features_of(qc, lc)
-            Z = _KernelMatmul.apply(qc, lc, vc, True, *features)  # (..., m, d)
+            # Z: (..., m, d)
+            Z = _KernelMatmul.apply(qc, lc, vc, True, plan.kernel_chunk, *features)
             A = gaussian_kernel(lm, lm)  # (..., m, m)
         else:
             # The landmarks' features serve A and P (unless P runs in another dtype:
@@ -270,5 +250,37 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if normalize:
             W = d_inv_sqrt * W
         if chunked:
-            return _KernelMatmul.apply(qc, lc, W.to(qc.dtype), False, *features)
+            return _KernelMatmul.apply(qc, lc, W.to(qc.dtype), False, plan.kernel_chunk,
+                                       *features)
         return P @ W.to(P.dtype)
+
+
+def _out_of_place_kernel(a, b):
+    """exp(-||a - b||²/2) with a new tensor per step, as the official code computes it."""
+    a_sq = a.pow(2).sum(-1, keepdim=True)
+    b_sq = b.pow(2).sum(-1).unsqueeze(-2)
+    return (a @ b.transpose(-1, -2) - 0.5 * a_sq - 0.5 * b_sq).clamp(max=0).exp()
+
+
+def official_order_attention(q, landmarks, v, iters=20, normalize=True):
+    """The official code's order of computation: (P·Â)·(Pᵀ·V) with Â formed.
+
+    The reference the fast paths are checked and timed against (``attention_plan(
+    order='official')``): the same value as ``soft_attention`` up to rounding, at the
+    official cost: P computed twice with a new tensor per step, the m×m iterate formed
+    ('iterative'), and P·Â an O(N·m²) product.
+
+    Args:
+        q (Tensor): (..., N, d) scaled queries (= keys)
+        landmarks (Tensor): (..., m, d)
+        v (Tensor): (..., N, d)
+    Returns:
+        Tensor: (..., N, d)
+    """
+    A = _out_of_place_kernel(landmarks, landmarks)
+    Y = newton_pinv(A, iters=iters, method='iterative')
+    if normalize:
+        Y = normalize_inverse(A, Y)
+    left = _out_of_place_kernel(q, landmarks) @ Y  # P·Â: O(N·m²)
+    right = _out_of_place_kernel(landmarks, q) @ v  # P computed a second time
+    return left @ right

@@ -14,23 +14,10 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ..attention import PINV_METHODS, soft_attention
+from ..attention import PINV_METHODS, plan_for, soft_attention
 from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
-
-
-# How ``HeadSharedConv`` lays out V, per device type (others: 'images'). Measured with
-# tools/benchmark.py --sections dwconv --sizes 512x512 800x1344 (SOFT-S's stages 1-3):
-# - cpu: 2-core x86 CPU, torch 2.14.1: 'channels' faster at every stage and size, most
-#   at stage 1 (800×1344: forward 7.6 ms vs 177 ms; training step at batch 2 0.36 s vs
-#   1.39 s). Outputs equal.
-# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections dwconv
-#   --rounds 3` (the 'layout' step of tools/device_report.py): 'images' faster in 11 of
-#   the 12 cases (800×1344 stage 1: forward 0.3 ms vs 1.5 ms, training step at batch 2
-#   3.5 ms vs 7.6 ms); 'channels' only in stage 2's training step at 800×1344 (0.7 vs
-#   0.9 ms).
-LOCAL_CONV_LAYOUT = {'cpu': 'channels', 'cuda': 'images'}
 
 
 class HeadSharedConv(nn.Conv2d):
@@ -40,7 +27,8 @@ class HeadSharedConv(nn.Conv2d):
     grouped conv over B·d images of h channels ('images'). 'channels' computes the same
     sums as one depthwise conv over V's h·d channels, each head's filter repeated d
     times: V comes from its projection as (B, N, h·d), already a channels-last image, so
-    nothing is copied. ``LOCAL_CONV_LAYOUT`` picks the layout per device type.
+    nothing is copied. The device's plan picks the layout (``local_conv_layout``,
+    ``mmsoft/models/attention/plan.py``).
     """
 
     def __init__(self, num_heads, head_dims, kernel_size):
@@ -52,7 +40,7 @@ class HeadSharedConv(nn.Conv2d):
         """(B, h, N, d) values on the (H, W) grid -> (B, h, N, d)."""
         B, h, N, d = v.shape
         H, W = hw
-        layout = layout or LOCAL_CONV_LAYOUT.get(v.device.type, 'images')
+        layout = layout or plan_for(v.device.type).local_conv_layout
         if layout == 'images':
             x = v.permute(0, 3, 1, 2).reshape(B * d, h, H, W)
             return super().forward(x).reshape(B, d, h, N).permute(0, 2, 3, 1)
@@ -255,7 +243,7 @@ class SOFT(Backbone):
             makes every float32 product from three TF32 products of split operands
             (float32 accuracy on tensor cores; emulated off CUDA); 'auto' (default) picks per
             device and landmark count from measurements
-            (``mmsoft.models.attention.PINV_AUTO``: on CPU spectral above 128
+            (the device's plan, ``mmsoft.models.attention.PLANS``: on CPU spectral above 128
             landmarks, on CUDA iterative). 'regularized' is a fast mode that is *not*
             the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one
             Cholesky factorization (``mmsoft.models.attention.regularized_apply``;

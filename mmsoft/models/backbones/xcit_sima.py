@@ -16,7 +16,7 @@ from mmengine.logging import print_log
 
 from ...registry import register_model
 from ..attention import sima_attention
-from ..attention.newton import _device_type
+from ..attention.plan import device_type
 from ..utils import Backbone, DropPath, Mlp, build_norm, parse_arch
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
@@ -100,7 +100,7 @@ class SimAAttention(nn.Module):
         out = sima_attention(q, k, v).transpose(1, 2).reshape(B, N, C)
         # The output is ~d/N small: project it in float32 so half precision cannot
         # flush it to zero (SPEC 2.1).
-        with torch.autocast(device_type=_device_type(out), enabled=False):
+        with torch.autocast(device_type=device_type(out), enabled=False):
             return F.linear(out, self.proj.weight.to(out.dtype), self.proj.bias.to(out.dtype))
 
 

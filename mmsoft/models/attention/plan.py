@@ -1,0 +1,210 @@
+"""SOFT's per-device plan: every choice that depends on where the attention runs.
+
+One immutable ``AttentionPlan`` per device type (``PLANS``; a device type not listed gets
+``DEFAULT_PLAN``), with the measurement behind each value beside it. None of the choices
+changes what is computed, only how (up to float rounding):
+
+    pinv               how 'auto' computes the 20-step Newton–Raphson iterate, by the
+                       landmark count m (``newton.py``)
+    kernel_chunk       row chunks of P = κ(Q, Q̃) of about this many elements, when P is
+                       not formed whole (``soft.py``)
+    kernel_once_up_to  without gradients P is formed whole up to this many elements
+                       (None: always); above, the chunked products run twice
+    local_conv_layout  how ``HeadSharedConv`` runs the depthwise conv on V ('images':
+                       the official grouped conv; 'channels': one depthwise conv over
+                       V's h·d channels)
+    order              'thin' (ours: P·(Â·(Pᵀ·V)), Â never formed) or 'official' (the
+                       official code's order (P·Â)·(Pᵀ·V): the reference the fast paths
+                       are checked and timed against)
+
+``plan_for(device_type)`` is the plan in force. ``attention_plan(...)`` forces choices
+for a block of code, as ``torch.nn.attention.sdpa_kernel`` does for SDPA's backends::
+
+    with attention_plan(pinv='spectral'):                  # every device type
+        ...
+    with attention_plan(kernel_chunk=2**18, device='cpu'):
+        ...
+    with attention_plan(PLANS['cuda'], device='meta'):     # meta runs what CUDA runs
+        ...
+
+The forced plans are thread-local (another thread keeps its own) and safe under
+``torch.compile``: Dynamo guards on the plan it read and recompiles for another one.
+"""
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = [
+    'AttentionPlan', 'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PLANS', 'attention_plan',
+    'compute_dtype', 'device_type', 'plan_for'
+]
+
+# The ways to compute the same T-step iterate (``newton.py``), which a plan may pick.
+EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
+LAYOUTS = ('images', 'channels')
+ORDERS = ('thin', 'official')
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How SOFT's attention runs on one device type (module docstring).
+
+    Args:
+        pinv (tuple[tuple[int | None, str]] | str): (largest m, method) pairs tried in
+            order, the last with None (every m); a method name means every m.
+        kernel_chunk (int): elements per row chunk of P.
+        kernel_once_up_to (int | None): P formed whole without gradients up to this
+            many elements; None: always.
+        local_conv_layout (str): 'images' or 'channels'.
+        order (str): 'thin' or 'official'.
+    """
+    pinv: Tuple[Tuple[Optional[int], str], ...] = ((None, 'iterative'), )
+    kernel_chunk: int = 2**24
+    kernel_once_up_to: Optional[int] = None
+    local_conv_layout: str = 'images'
+    order: str = 'thin'
+
+    def __post_init__(self):
+        pinv = ((None, self.pinv), ) if isinstance(self.pinv, str) else tuple(
+            tuple(p) for p in self.pinv)
+        object.__setattr__(self, 'pinv', pinv)
+        if not pinv or pinv[-1][0] is not None:
+            raise ValueError(f'pinv needs a last (None, method) entry for every m, got '
+                             f'{pinv!r}')
+        for _, method in pinv:
+            if method not in EXACT_PINV_METHODS:
+                raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
+                                 f'{method!r}')
+        if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
+            raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
+        once = self.kernel_once_up_to
+        if once is not None and (not isinstance(once, int) or once < 0):
+            raise ValueError(f'kernel_once_up_to must be None or an int >= 0, got {once!r}')
+        if self.local_conv_layout not in LAYOUTS:
+            raise ValueError(f'local_conv_layout must be one of {LAYOUTS}, got '
+                             f'{self.local_conv_layout!r}')
+        if self.order not in ORDERS:
+            raise ValueError(f'order must be one of {ORDERS}, got {self.order!r}')
+
+    def pinv_method(self, m):
+        """The method 'auto' runs for m landmarks."""
+        for max_m, method in self.pinv:
+            if max_m is None or m <= max_m:
+                return method
+
+
+# The measurements behind the values (tools/analysis_tools/benchmark.py; README
+# "Benchmarks" and "On a GPU"; the GPU report in docs/benchmark/cuda_h100/).
+#
+# pinv
+# - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products
+#   above m = 128 (m = 1025: 2.40 s vs 14.6 s for a batch of 20). With eigh in float64
+#   (``newton._spectral_factors``) still so: `--sections pinv --pinv-sizes 100 128 196
+#   256 400 --pinv-pad 1`, batch 20, spectral vs the formed iterate: 10.6 / 7.1 ms,
+#   18.3 / 15.7, 38.5 / 47.4, 65.5 / 88.5, 166 / 323.
+# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections pinv
+#   --rounds 3` (batch 20; the 'pinv' step of tools/analysis_tools/device_report.py). The
+#   formed float32 iterate is the fastest exact method at every m: m = 16 / 128 / 400 /
+#   1025: 'iterative' 2.0 / 1.6 / 4.1 / 46.1 ms, eigh (cuSOLVER, one matrix at a time)
+#   1.3 / 34.5 / 78.0 / 241.5 ms, 'tf32x3' 5.1 / 6.5 / 8.8 / 78.0 ms (54.0 with m padded
+#   to a multiple of 8, which leaves 'iterative' at 46.4 ms). 'tf32' is faster at
+#   m = 1025 (27.3 ms, 21.1 padded) but below the accuracy floor on hard kernels
+#   (``newton.TF32_FP32_STEPS``), so it stays opt-in. 'tf32x3' meets the floor
+#   (emulated: ≤ 1.40× the official float32 iteration's deviation,
+#   `tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`; the
+#   CUDA parity tests pass with it) but is slower there than float32: opt-in too.
+#
+# kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
+#   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)
+# - cpu: a fresh tensor of tens of MB costs page faults on every forward (torch.abs of a
+#   44 MB tensor: 19 ms into a new one, 2.2 ms with out=); 4 MB chunks are used while in
+#   cache and reuse the same memory. With backward 2^20 was the fastest chunk or within
+#   3 % of it at every stage (800×1344 stage 1: 2.92 s, 2^24: 4.38 s). Inference, P once
+#   vs 2^20 chunks: up to 2^23.3 elements once wins or they are within noise (512×512
+#   stage 3: 7.1 vs 11.2 ms; 640×640 stage 2: 38.6 vs 41.2 ms; 512×512 stage 1: 37.7 vs
+#   36.5 ms), from 2^24.3 chunks win (640×640 stage 1: 95 vs 76 ms; 800×1344 stage 2,
+#   2^26.1: 444 vs 354 ms; stage 1, 2^27.1: 785 vs 648).
+# - cuda (H100, `--device cuda --sections kernel --sizes 512x512 800x1344 --rounds 3`,
+#   train batch 2; the 'layout' step of device_report.py): with backward 2^24 was the
+#   fastest chunk tried in all six cases (800×1344 stage 1: 31.5 ms; 2^22 36.3, 2^20 138,
+#   2^18 509). Inference, P once was fastest or within 0.1 ms of the fastest chunk at
+#   every stage and size (800×1344 stage 1, P of 2^27.1 elements: 4.1 ms vs 6.1 ms with
+#   2^24 chunks).
+#
+# local_conv_layout: `--sections dwconv --sizes 512x512 800x1344` (stages 1-3)
+# - cpu: 'channels' faster at every stage and size, most at stage 1 (800×1344: forward
+#   7.6 ms vs 177 ms; training step at batch 2 0.36 s vs 1.39 s). Outputs equal.
+# - cuda (H100, `--device cuda --sections dwconv --rounds 3`, the 'layout' step):
+#   'images' faster in 11 of the 12 cases (800×1344 stage 1: forward 0.3 ms vs 1.5 ms,
+#   training step at batch 2 3.5 ms vs 7.6 ms); 'channels' only in stage 2's training
+#   step at 800×1344 (0.7 vs 0.9 ms).
+PLANS = MappingProxyType({
+    'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')),
+                         kernel_chunk=2**20, kernel_once_up_to=2**24,
+                         local_conv_layout='channels'),
+    'cuda': AttentionPlan(pinv='iterative', kernel_chunk=2**24, kernel_once_up_to=None,
+                          local_conv_layout='images'),
+})
+# Device types without measurements (xpu, mps, meta, ...) run CUDA's plan: the formed
+# iterate needs no eigendecomposition, which not every backend has.
+DEFAULT_PLAN = PLANS['cuda']
+
+
+class _Forced(threading.local):
+    """The plans forced in this thread: None, or {device type: plan} with the key None
+    for device types not named."""
+    plans = None
+
+
+_forced = _Forced()
+
+
+def plan_for(device_type):
+    """The ``AttentionPlan`` in force for a device type ('cpu', 'cuda', ...)."""
+    plans = _forced.plans
+    if plans is None:
+        return PLANS.get(device_type, DEFAULT_PLAN)
+    return plans[device_type] if device_type in plans else plans[None]
+
+
+@contextmanager
+def attention_plan(plan=None, *, device=None, **choices):
+    """Force choices of the plan inside the block (module docstring); blocks nest.
+
+    Args:
+        plan (AttentionPlan, optional): start from this plan instead of the one in force.
+        device (str, optional): force it for this device type only (default: all).
+        **choices: ``AttentionPlan`` fields to replace, e.g. ``pinv='spectral'``,
+            ``kernel_chunk=2**18``, ``local_conv_layout='images'``, ``order='official'``.
+    """
+    names = {f.name for f in fields(AttentionPlan)}
+    unknown = set(choices) - names
+    if unknown:
+        raise TypeError(f'unknown plan choices {sorted(unknown)}; a plan has {sorted(names)}')
+    if plan is not None and not isinstance(plan, AttentionPlan):
+        raise TypeError(f'plan must be an AttentionPlan, got {type(plan).__name__}')
+    before = _forced.plans
+    plans = dict(before) if before is not None else {**PLANS, None: DEFAULT_PLAN}
+    for key in ([device] if device is not None else list(plans)):
+        base = plan or (plans[key] if key in plans else plans[None])
+        plans[key] = replace(base, **choices)
+    _forced.plans = plans
+    try:
+        yield plans[device]
+    finally:
+        _forced.plans = before
+
+
+def device_type(t):
+    """The autocast device type of a tensor (autocast knows cpu, cuda, xpu, mps)."""
+    return t.device.type if t.device.type in ('cuda', 'cpu', 'xpu', 'mps') else 'cpu'
+
+
+def compute_dtype(t):
+    """The dtype the attention's small products run in: float64 for float64, else
+    float32 (also for half-precision and autocast inputs)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
