@@ -1,0 +1,53 @@
+"""Counting what a forward asks of a GPU's host: operators launched, host-device copies.
+
+``LaunchCounter`` works on any device, also PyTorch's data-less meta device, where
+``attention_plan(PLANS['cuda'], device='meta')`` runs exactly the operators CUDA would
+(``mmsoft.models.attention.plan``; tools/analysis_tools/benchmark.py, section launches).
+"""
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ['LaunchCounter', 'NO_KERNEL_OPS']
+
+# Operators that reach the backend but launch no kernel: allocation and metadata.
+NO_KERNEL_OPS = frozenset({'empty', 'empty_like', 'empty_strided', 'new_empty', 'detach',
+                           'alias', 'lift_fresh', '_unsafe_view'})
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts the ATen operators run below autograd (forward and backward) inside the
+    block: on a GPU each launches one or more kernels, so in eager mode this is the host
+    work per step. Views and ``NO_KERNEL_OPS`` are not counted. Also records every copy
+    of a host tensor to another device (``transfers``): on a GPU such a copy waits for
+    the device to finish its queue. 0-dim host tensors are passed as values (no copy).
+
+    Attributes:
+        counts (Counter): operator name -> calls.
+        transfers (list[str]): the operators that copied a host tensor to a device.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.counts, self.transfers = Counter(), []
+
+    @property
+    def total(self):
+        return sum(self.counts.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        returns = func._schema.returns
+        view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                     for r in returns)
+        if not view and name not in NO_KERNEL_OPS:
+            self.counts[name] += 1
+        host = any(isinstance(t, torch.Tensor) and t.device.type == 'cpu' and t.dim() > 0
+                   for t in tree_leaves((args, kwargs)))
+        if host and any(isinstance(t, torch.Tensor) and t.device.type != 'cpu'
+                        for t in tree_leaves(out)):
+            self.transfers.append(name)
+        return out
