@@ -4,8 +4,10 @@ Each step runs as its own process; a failing or slow step is recorded and the ne
 runs. The steps (``--part base`` unless said otherwise):
 
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
-  pinv           benchmark --sections pinv: PINV_AUTO (with and without zero padding)
-  layout         benchmark --sections dwconv,kernel: LOCAL_CONV_LAYOUT and KERNEL_PLAN
+  pinv           benchmark --sections pinv: the plan's pinv (with and without zero
+                 padding)
+  layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
+                 kernel_chunk and kernel_once_up_to
   fp32           benchmark --sections speed,train
   bf16, fp16     the same under torch.autocast (--amp bf16 / fp16)
   memory-modes   benchmark --sections memory,modes
@@ -18,18 +20,23 @@ runs. The steps (``--part base`` unless said otherwise):
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
 exit status and seconds, and what it printed, mmengine's log lines left out),
 OUT/report.log (everything printed) and OUT/<step>.json (the numbers, from
-``benchmark.py --json``).
+``benchmark.py --json``). The benchmark is tools/analysis_tools/benchmark.py; the plan
+whose fields the pinv and layout steps measure is ``AttentionPlan`` in
+mmsoft/models/attention/plan.py. Run it from the repository root, with mmsoft importable
+(installed, or the repository root on PYTHONPATH).
 
 On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), three calls
 of under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
 stops a step that outlasts it, so the set-up and the report fit in one call (on an H100
 part base took 470 s, the detector part 55 s after ~300 s of mmcv build):
 
-  source .gpu/setup.sh && python3 tools/device_report.py --device cuda --out "$OUT"
-  source .gpu/setup.sh cuda-ops && python3 tools/device_report.py --device cuda
-      --part detector --budget 280 --out "$OUT"   (one line; after ~270 s of mmcv build)
-  source .gpu/setup.sh && python3 tools/device_report.py --device cuda --part compile
-      --out "$OUT"
+  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
+      --out "$OUT"   (one line)
+  source .gpu/setup.sh cuda-ops && python3 tools/analysis_tools/device_report.py
+      --device cuda --part detector --budget 280 --out "$OUT"   (one line; after ~270 s
+      of mmcv build)
+  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
+      --part compile --out "$OUT"   (one line)
 
 report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
 in a further call (the report is appended to).
@@ -48,16 +55,18 @@ import subprocess
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-BENCHMARK = osp.join('tools', 'benchmark.py')
+# tools/analysis_tools/ -> the repository root: the steps run there (tests/, configs/)
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+BENCHMARK = osp.join('tools', 'analysis_tools', 'benchmark.py')
 
 # name -> (part, benchmark arguments or None for the pytest step, title); a step's own
 # arguments override FULL's, SMALL's override both.
 STEPS = {
     'cuda-tests': ('base', None, 'pytest -m cuda'),
-    'pinv': ('base', ['--sections', 'pinv'], 'pseudo-inverse by landmark count (PINV_AUTO)'),
+    'pinv': ('base', ['--sections', 'pinv'], "pseudo-inverse by landmark count (the plan's pinv)"),
     'layout': ('base', ['--sections', 'dwconv,kernel'],
-               'depthwise-conv layout and kernel chunks (LOCAL_CONV_LAYOUT, KERNEL_PLAN)'),
+               "depthwise-conv layout and kernel chunks (the plan's local_conv_layout, "
+               'kernel_chunk, kernel_once_up_to)'),
     'fp32': ('base', ['--sections', 'speed,train'], 'speed and training step, float32'),
     'bf16': ('base', ['--sections', 'speed,train', '--amp', 'bf16'],
              'speed and training step, autocast to bfloat16'),

@@ -1,0 +1,247 @@
+"""What every benchmark section shares: the models by name (``build``, ``SOFT_MODES``), one
+timed measurement (``measure``), the same measurement in a fresh process for peak memory
+(``_child_measure`` starts ``child``), and the formatting of sizes and times.
+
+Paths the sections read (the parity fixture in tests/data/, the detector configs) are
+resolved against the checkout mmsoft is imported from (``repo_file``).
+"""
+import json
+import os.path as osp
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+import mmsoft
+from mmsoft.models.attention import attention_plan
+
+# The directory that holds the mmsoft package: the repository root of a checkout or an
+# editable install (configs/, tests/data/ beside mmsoft/).
+PACKAGE_PARENT = osp.dirname(osp.dirname(osp.abspath(mmsoft.__file__)))
+MIM_DIR = osp.join(osp.dirname(osp.abspath(mmsoft.__file__)), '.mim')
+
+
+def repo_file(relpath, mim=False):
+    """The file at ``relpath`` (e.g. 'configs/soft/...', 'tests/data/...') of the
+    repository mmsoft is imported from; with ``mim``, also mmsoft/.mim/``relpath``, where
+    an installed package keeps its configs. A clear error if it is in neither."""
+    tried = [osp.join(PACKAGE_PARENT, relpath)]
+    if mim:
+        tried.append(osp.join(MIM_DIR, relpath))
+    for path in tried:
+        if osp.exists(path):
+            return path
+    raise FileNotFoundError(
+        f'{relpath} not found (looked in {", ".join(tried)}): this section needs a checkout '
+        'of the mmsoft repository (an editable install or mmsoft on PYTHONPATH)')
+
+
+# ----------------------------------------------------------------------------- models
+SOFT_MODES = {
+    # name: (SOFT kwargs, description)
+    'official order': (dict(pinv_method='iterative'), 'reference algorithm, official cost'),
+    'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
+    'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
+    'tf32': (dict(pinv_method='tf32'),
+             'same iterate, TF32 products for 15 steps + 5 float32 steps (emulated off CUDA)'),
+    'tf32x3': (dict(pinv_method='tf32x3'),
+               'same iterate, each product from 3 TF32 products of split operands (emulated '
+               'off CUDA)'),
+    'auto': (dict(pinv_method='auto'), "default: per device and m (the plan's pinv)"),
+    'regularized': (dict(pinv_method='regularized'),
+                    'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
+    'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
+    'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
+    'spectral, float32 eigh': (dict(pinv_method='spectral'),
+                               "what 'spectral' did before: eigh in float32 (below the "
+                               'accuracy floor on hard kernels, docs/numerics.md)'),
+}
+
+
+def official_order():
+    """The official computation order (P·Â)·(Pᵀ·V) for SOFT's attention inside the block
+    (``mmsoft.models.attention.official_order_attention``): the reference algorithm at
+    the official cost, the mode 'official order'."""
+    return attention_plan(order='official')
+
+
+def build(name, mode='auto'):
+    """A backbone in eval mode, randomly initialized (timings do not depend on weights)."""
+    from mmsoft.models import SOFT, XCiTSimA
+    if name == 'SOFT-S':
+        return SOFT(arch='small', drop_path_rate=0., **SOFT_MODES[mode][0])
+    if name == 'XCiT-SimA-S12/16':
+        return XCiTSimA(arch='s12', patch_size=16, drop_path_rate=0.)
+    if name == 'XCiT-SimA-S12/16 trunk':  # no stride 4/8/32 pyramid, like mmpretrain's
+        return XCiTSimA(arch='s12', patch_size=16, drop_path_rate=0., with_pyramid=False)
+    from mmdet.models.backbones import PyramidVisionTransformer, ResNet, SwinTransformer
+    if name == 'Swin-T':
+        return SwinTransformer()
+    if name == 'PVT-S':
+        return PyramidVisionTransformer(num_layers=[3, 4, 6, 3])
+    if name == 'PVT-S softmax (no SR)':
+        return PyramidVisionTransformer(num_layers=[3, 4, 6, 3], sr_ratios=[1, 1, 1, 1])
+    if name == 'ResNet-50':
+        return ResNet(depth=50)
+    if name == 'XCiT-S12/16 (mmpretrain)':
+        from mmpretrain.models.backbones import XCiT
+        return XCiT(embed_dims=384, depth=12, num_heads=8, out_type='featmap')
+    raise KeyError(name)
+
+
+def _soft_modes(args, modes):
+    """The SOFT modes worth timing on this device ('tf32', 'tf32x3': only emulated off
+    CUDA)."""
+    return [m for m in modes if m not in ('tf32', 'tf32x3') or args.device == 'cuda']
+
+
+# ------------------------------------------------------------------------ measurement
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def measure(model, size, device, repeat, train=False, official=False, batch=1,
+            compile_mode=None, amp=None):
+    """Median seconds of forward (or forward+backward) of a batch, under
+    ``torch.autocast`` to ``amp`` ('bf16', 'fp16') if given; with ``official``, SOFT's
+    attention in the official computation order (``official_order``).
+
+    The first run is a warm-up (untimed) unless ``repeat`` is 0; with ``compile_mode``
+    (``torch.compile(model, mode=compile_mode)``, from a reset of Dynamo's caches: a
+    static graph for this size) the compiling first run is never timed.
+    """
+    model = model.to(device)
+    model.train(train)
+    run = model
+    if compile_mode:
+        # Dynamo caches per code object: without a reset a model compiled at a second
+        # size would reuse the first's entry and recompile with dynamic shapes
+        torch.compiler.reset()
+        run = torch.compile(model, mode=compile_mode)
+        repeat = max(repeat, 1)
+    x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
+    times = []
+    ctx = official_order() if official else nullcontext()
+    with ctx:
+        for i in range(repeat + 1):
+            if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
+                torch.compiler.cudagraph_mark_step_begin()
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device_type=device, dtype=AMP_DTYPES.get(amp),
+                                enabled=amp is not None):
+                if train:
+                    outs = run(x)
+                    sum(o.float().mean() for o in outs).backward()
+                    model.zero_grad(set_to_none=True)
+                else:
+                    with torch.no_grad():
+                        run(x)
+            _sync(device)
+            if i > 0 or repeat == 0:
+                times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _sync(device):
+    if device == 'cuda':
+        torch.cuda.synchronize()
+
+
+def _time_call(args, fn, runs=3, warmup=True):
+    """Mean seconds of ``fn()`` over ``runs`` calls (after one untimed warm-up call)."""
+    if warmup:
+        fn()
+    _sync(args.device)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    _sync(args.device)
+    return (time.perf_counter() - t0) / runs
+
+
+# ------------------------------------------------------- a measurement in its own process
+def _child_measure(name, mode, size, device, repeat, train=False, batch=1):
+    """Run one measurement in a fresh process (``child``): time and peak memory of the
+    step.
+
+    A crashed child (out of memory, say) is reported with the end of its stderr and
+    returns None, so a table shows 'failed' rather than a silent gap."""
+    code = ('import json;from mmsoft.benchmark.common import child;'
+            'print(json.dumps(child(%r,%r,%r,%r,%d,%r,%d)))' % (
+                name, mode, size, device, repeat, train, batch))
+    # ``python -c`` imports from its working directory first: run in the directory that
+    # holds this mmsoft, so that the child measures the same code (also where mmsoft is
+    # only on a relative PYTHONPATH, as on a lent GPU machine)
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         cwd=PACKAGE_PARENT)
+    if res.returncode != 0:
+        print(f'  {name} [{mode}] at {size} failed (exit {res.returncode}):\n'
+              + res.stderr[-2000:], flush=True)
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def child(name, mode, size, device, repeat, train=False, batch=1):
+    """In the child process: {'time': seconds, 'peak_mb': peak memory of the step above
+    what the built model holds} (CUDA's allocator, or the resident set on a CPU)."""
+    official = mode == 'official order'
+    model = build(name, mode).to(device)
+    model.train(False)  # some mmdet backbones' train() returns None: no chaining
+    hw = parse_size(size)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        with torch.no_grad():  # a small warm-up so that library start-up is not counted
+            model(torch.randn(1, 3, 64, 64, device=device))
+        _reset_peak_rss()
+        base = _proc_status_bytes('VmRSS')
+    t = measure(model, hw, device, repeat, train=train, official=official, batch=batch)
+    if device == 'cuda':
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = _proc_status_bytes('VmHWM') - base
+    return dict(time=t, peak_mb=peak / 2**20)
+
+
+def _proc_status_bytes(key):
+    """VmRSS / VmHWM (peak resident set) of this process, from /proc (Linux).
+
+    Not ``resource.getrusage().ru_maxrss``: a child process inherits its parent's peak
+    there, so every child of a large benchmark process would report the parent's.
+    """
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(key + ':'):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f'{key} not in /proc/self/status')
+
+
+def _reset_peak_rss():
+    """Set VmHWM to the current resident set (Linux ≥ 4.0: write 5 to clear_refs)."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError:
+        pass  # VmHWM then also counts the warm-up, which is small
+
+
+# ------------------------------------------------------------------------- formatting
+def parse_size(s):
+    h, w = s.lower().split('x')
+    return int(h), int(w)
+
+
+def fmt(s):
+    if s < 1:
+        return f'{s * 1e3:.1f} ms'
+    return f'{s:.3f} s' if s < 100 else f'{s:.0f} s'
+
+
+def _faster(t_other, t_ours):
+    """'2.5× faster than' / '3.7× slower than': a ratio below one reads as slower."""
+    r = t_other / t_ours
+    return f'{r:.1f}× faster than' if r >= 1 else f'{1 / r:.1f}× slower than'

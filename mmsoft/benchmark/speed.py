@@ -1,0 +1,112 @@
+"""Time of whole backbones, side by side:
+
+  speed  forward (batch 1, no grad) of SOFT-S, Swin-T, PVT-S, ResNet-50, XCiT-SimA and
+         MMPretrain's XCiT-S12/16 at each ``--sizes`` entry, and SOFT-S in the official
+         computation order (the plan's ``order='official'``), all models in turn for
+         ``--rounds`` rounds (median per model), with ratios to Swin-T
+  train  forward + backward of SOFT-S (default and fast modes) and Swin-T at
+         ``--train-batch`` images: a training step without the optimizer
+
+``--compile MODE`` adds SOFT-S and Swin-T under ``torch.compile(mode=MODE)`` to both.
+"""
+import numpy as np
+
+from .common import _faster, _soft_modes, build, fmt, measure, parse_size
+
+SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
+                'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
+
+
+def section_speed(args, out):
+    names = list(SPEED_MODELS)
+    rounds = {}  # name -> size -> [seconds per round]
+    for r in range(args.rounds):
+        for size in args.sizes:
+            hw = parse_size(size)
+            timed = {}
+            for name in names:
+                timed[name] = measure(build(name), hw, args.device, args.repeat, amp=args.amp)
+            if not args.skip_official:
+                timed['SOFT-S official order'] = measure(
+                    build('SOFT-S', 'official order'), hw, args.device,
+                    # above 600² one warm-up and one timed run (it is slow on a CPU)
+                    min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
+                    official=True, amp=args.amp)
+            timed.update(_measure_compiled(args, hw, train=False))
+            for name, t in timed.items():
+                rounds.setdefault(name, {}).setdefault(size, []).append(t)
+            print(f'  measured {size}' + (f' (round {r + 1}/{args.rounds})'
+                                          if args.rounds > 1 else ''), flush=True)
+    rows = {name: {s: float(np.median(ts)) for s, ts in r.items()}
+            for name, r in rounds.items()}
+    lines = ['| backbone | ' + ' | '.join(args.sizes) + ' | ' +
+             ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
+             '|---|' + '---|' * (2 * len(args.sizes))]
+    for name, r in rows.items():
+        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' | ' +
+                     ' | '.join(f'{r[s] / rows["Swin-T"][s]:.2f}×' for s in args.sizes) +
+                     ' |')
+    if 'SOFT-S official order' in rows:
+        lines.append('')
+        for s in args.sizes:
+            lines.append(f'SOFT-S (default mode) is '
+                         f'{_faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
+                         f'the official computation order at {s}.')
+    lines += _compiled_lines(args, rows)
+    for s in args.sizes:
+        ratio = rows['XCiT-SimA-S12/16 trunk'][s] / rows['XCiT-S12/16 (mmpretrain)'][s]
+        lines.append(f'XCiT-SimA-S12/16 trunk / MMPretrain XCiT-S12/16 at {s}: {ratio:.2f} '
+                     '(both without a pyramid; the pyramid adds its transposed convolutions).')
+    out['speed'] = rows
+    return lines
+
+
+def _measure_compiled(args, hw, train, batch=1):
+    """--compile: {'NAME [compiled: MODE]': seconds} for SOFT-S (default mode) and Swin-T
+    under torch.compile; {} without --compile."""
+    if not args.compile:
+        return {}
+    return {f'{name} [compiled: {args.compile}]': measure(
+        build(name), hw, args.device, args.repeat, train=train, batch=batch,
+        compile_mode=args.compile, amp=args.amp) for name in ('SOFT-S', 'Swin-T')}
+
+
+def _compiled_lines(args, rows, soft_row='SOFT-S'):
+    """What torch.compile changed, per model and size (eager time / compiled time);
+    ``soft_row`` is the row of SOFT-S's eager default mode."""
+    if not args.compile:
+        return []
+    lines = ['']
+    for name in ('SOFT-S', 'Swin-T'):
+        eager_row = rows[soft_row if name == 'SOFT-S' else name]
+        compiled_row = rows[f'{name} [compiled: {args.compile}]']
+        for s in args.sizes:
+            lines.append(f'{name} with torch.compile(mode={args.compile!r}) is '
+                         f'{_faster(eager_row[s], compiled_row[s])} eager at {s}.')
+    return lines
+
+
+def section_train(args, out):
+    rows = {}
+    b = args.train_batch
+    for size in args.sizes:
+        hw = parse_size(size)
+        for mode in _soft_modes(args, ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')):
+            rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
+                build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
+                amp=args.amp)
+        rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
+                                                      args.repeat, train=True, batch=b,
+                                                      amp=args.amp)
+        for name, t in _measure_compiled(args, hw, train=True, batch=b).items():
+            rows.setdefault(name, {})[size] = t
+    lines = [f'| forward+backward, batch {b} (train mode) | ' + ' | '.join(args.sizes) +
+             ' | ' + ' | '.join(f'vs Swin-T @{s}' for s in args.sizes) + ' |',
+             '|---|' + '---|' * (2 * len(args.sizes))]
+    for name, r in rows.items():
+        lines.append(f'| {name} | ' + ' | '.join(fmt(r[s]) for s in args.sizes) + ' | ' +
+                     ' | '.join(f'{r[s] / rows["Swin-T"][s]:.2f}×' for s in args.sizes) +
+                     ' |')
+    lines += _compiled_lines(args, rows, soft_row='SOFT-S [auto]')
+    out['train'] = rows
+    return lines

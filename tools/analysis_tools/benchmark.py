@@ -1,0 +1,132 @@
+"""Speed, memory and scaling of the mmsoft backbones next to mmdet's Swin-T, PVT-Small,
+ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
+
+Sections (``--sections``, default all):
+  pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
+           formed, as training needs), A⁺·Z for a thin Z as inference computes it,
+           eigh (float64), and on CUDA the TF32 schedule; the iterations also on A
+           zero-padded to a multiple of ``--pinv-pad`` landmarks (the same iterate,
+           aligned sizes): what the plan's ``pinv`` should say
+  dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
+           both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
+           ``--train-batch``): what the plan's ``local_conv_layout`` should say for the
+           device
+  kernel   the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's three stages at
+           each ``--sizes`` entry: P formed once vs in row chunks of 2^18 … 2^24 elements
+           (inference, batch 1) and the chunk sizes with backward (``--train-batch``),
+           all variants in turn for ``--rounds`` rounds: what the plan's
+           ``kernel_chunk`` and ``kernel_once_up_to`` should say
+  speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
+           ``--rounds K`` measures all models K times in turn (median per model)
+  train    forward + backward of the SOFT-Small backbone (default and fast modes) and
+           Swin-T at ``--train-batch`` images (2 by default, as a detector trains per
+           GPU): a training step without the optimizer
+  modes    SOFT attention modes: time, and deviation from the float64 20-step iterate on
+           the parity fixture input and on a real photo (scikit-image's astronaut) and
+           from the outputs the official code produced for the fixture
+  memory   peak memory at the largest --sizes entry (a process per model and step): one
+           forward at batch 1 and one training step at ``--train-batch`` images, for
+           SOFT-S modes, the official computation order (forward only) and Swin-T
+  launches ATen operators (on a GPU: kernel launches) per forward and training step of
+           SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
+           meta device with CUDA's plan (no GPU needed): eager mode's host work per step
+  detector one training iteration (data → backbone → neck → head → losses → backward →
+           optimizer step, batch ``--train-batch``) and one test forward per image of
+           RetinaNet and Mask R-CNN from the shipped SOFT-S configs, and of the same
+           configs with Swin-T as the backbone, at ``--detector-size``: the ratio a user
+           sees in mmengine's ``time:`` column (needs mmcv's compiled ops)
+  scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
+           with vanilla softmax attention (PVT-Small without spatial reduction) as the
+           quadratic baseline; ``--plot FILE.png`` draws it
+
+``--compile MODE`` adds SOFT-S and Swin-T wrapped in ``torch.compile(mode=MODE)`` to the
+speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
+'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
+size), and its first, compiling call is not timed.
+
+"official order" is the official SOFT code's computation order (P computed twice,
+(P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run through the plan's
+``order='official'`` (``mmsoft.models.attention.official_order_attention``); its outputs
+equal the reference, only its cost differs.
+
+The plan is ``AttentionPlan`` in mmsoft/models/attention/plan.py; the sections live in
+``mmsoft.benchmark`` (one module per group of sections), this file is the command line.
+
+Usage: python tools/analysis_tools/benchmark.py [--device cpu|cuda] [--sections speed,modes]
+       [--plot f.png]
+"""
+import argparse
+import json
+
+import torch
+
+from mmsoft.benchmark import SECTIONS
+from mmsoft.benchmark.common import AMP_DTYPES
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split('\n\n', 1)[1])
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--sections', default=','.join(SECTIONS))
+    parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
+    parser.add_argument('--sweep', nargs='+',
+                        default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
+    parser.add_argument('--repeat', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='speed, kernel: measure every model (variant) this many times, '
+                        'in turn, and report the median of each (on a shared machine, drift '
+                        'then affects all of them alike instead of the ratios)')
+    parser.add_argument('--train-batch', type=int, default=2,
+                        help='images per training step in the train, memory and detector '
+                        'sections')
+    parser.add_argument('--detector-size', default='800x1333', metavar='HxW',
+                        help="detector: the images' size after the pipeline's resize (the "
+                        "configs' scale: short side 800, long side 1333)")
+    parser.add_argument('--pinv-sizes', nargs='+', type=int,
+                        default=[16, 49, 64, 100, 128, 196, 400, 1025],
+                        help='landmark counts m of the pinv section')
+    parser.add_argument('--pinv-pad', type=int, default=8, metavar='K',
+                        help='pinv: also time the iterations with m zero-padded to a '
+                        'multiple of K (1: not)')
+    parser.add_argument('--skip-official', action='store_true',
+                        help='skip the (slow) official computation order')
+    parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,
+                        help='largest input (H·W) for the vanilla softmax baseline')
+    parser.add_argument('--series', type=int, metavar='K',
+                        help='scaling: only the first K series (SOFT-S default, SOFT-S '
+                        'grid16, XCiT-SimA, PVT-S softmax, Swin-T)')
+    parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
+                        help='speed and train: also time SOFT-S and Swin-T under '
+                        'torch.compile with this mode')
+    parser.add_argument('--amp', choices=sorted(AMP_DTYPES),
+                        help='speed, train: run the models under torch.autocast to bfloat16 '
+                        "or float16 (SOFT's pseudo-inverse stays float32)")
+    parser.add_argument('--plot', help='write the scaling plot to this PNG')
+    parser.add_argument('--json', help='write all numbers to this JSON file')
+    args = parser.parse_args(argv)
+    sections = args.sections.split(',')
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f'unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}')
+    if args.device == 'cuda':
+        dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
+               f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')
+    else:
+        dev = f'CPU, {torch.get_num_threads()} threads'
+    precision = (f'autocast to {AMP_DTYPES[args.amp]} in speed and train'
+                 if args.amp else 'float32')
+    print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, {precision}')
+    out = dict(device=dev)
+    for name in sections:
+        print(f'\n## {name}', flush=True)
+        print('\n'.join(SECTIONS[name](args, out)), flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(out, f, indent=1, default=float)
+    return out
+
+
+if __name__ == '__main__':
+    main()
