@@ -51,7 +51,7 @@ setup(
     # mmengine and mmcv come from one of two stacks with the same import names but
     # different distribution names (mmengine / onedl-mmengine, ...): requiring one here
     # would make pip install it over the other. Pick the stack with an extra (mmcv, which
-    # has no wheel for current torch, is built by tools/setup_env.sh).
+    # has no wheel for current torch, is built by scripts/setup_env.sh).
     install_requires=['torch>=2.0'],
     extras_require={
         'openmmlab': ['mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2',

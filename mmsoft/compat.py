@@ -1,6 +1,6 @@
 """Known conflicts with packages that share an environment with OpenMMLab.
 
-Standard library only: ``tools/check_env.py`` loads this file even where mmsoft itself
+Standard library only: ``tools/misc/check_env.py`` loads this file even where mmsoft itself
 cannot be imported.
 """
 import warnings

@@ -4,27 +4,23 @@ The codebase (mmdet, mmseg or mmpretrain) is chosen from the config's ``default_
 `mim test mmsoft CONFIG --checkpoint CKPT` runs this file; mmdet's and mmseg's own
 tools/test.py work too, because the configs import mmsoft through ``custom_imports``.
 """
-import os.path as osp
-import sys
-
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-import _runner  # noqa: E402
+from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
 
 
 def parse_args(argv=None):
-    p = _runner.parser('Test a model with an mmsoft backbone', 'test config file path')
+    p = runner_parser('Test a model with an mmsoft backbone', 'test config file path')
     p.add_argument('checkpoint', help='checkpoint file')
     p.add_argument('--out', help='dump predictions to this pickle file')
-    return _runner.parse(p, argv)
+    return parse_runner_args(p, argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle')):
         raise SystemExit('--out must be a .pkl file')
-    cfg = _runner.load_config(args)
+    cfg = load_config(args)
     cfg.load_from = args.checkpoint
-    runner = _runner.build_runner(cfg)
+    runner = build_runner(cfg)
     if args.out is not None:
         from mmengine.evaluator import DumpResults
         runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))

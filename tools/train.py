@@ -4,26 +4,22 @@ The codebase (mmdet, mmseg or mmpretrain) is chosen from the config's ``default_
 one tool serves every config under configs/. Same options as the codebases' own
 tools/train.py; `mim train mmsoft CONFIG` runs this file.
 """
-import os.path as osp
-import sys
-
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-import _runner  # noqa: E402
+from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
 
 
 def parse_args(argv=None):
-    p = _runner.parser('Train a model with an mmsoft backbone', 'train config file path')
+    p = runner_parser('Train a model with an mmsoft backbone', 'train config file path')
     p.add_argument('--amp', action='store_true', help='automatic mixed precision')
     p.add_argument('--auto-scale-lr', action='store_true',
                    help='scale the learning rate by (total batch / base_batch_size)')
     p.add_argument('--resume', nargs='?', type=str, const='auto',
                    help='resume from the given checkpoint, or from the latest one in '
                    'work_dir')
-    return _runner.parse(p, argv)
+    return parse_runner_args(p, argv)
 
 
 def build_cfg(args):
-    cfg = _runner.load_config(args)
+    cfg = load_config(args)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -43,7 +39,7 @@ def build_cfg(args):
 
 def main(argv=None):
     cfg = build_cfg(parse_args(argv))
-    _runner.build_runner(cfg).train()
+    build_runner(cfg).train()
 
 
 if __name__ == '__main__':

@@ -14,14 +14,11 @@ Examples:
 """
 import os
 import os.path as osp
-import sys
 import warnings
 
 import torch
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))  # _common: the tools' shared options
+from mmsoft.apis import cli
 
 
 def export(model, path, sample_hw=(224, 224), opset=17):
@@ -70,9 +67,8 @@ def check(model, path, sizes):
 
 
 def main(argv=None):
-    import _common
-    parser = _common.tool_parser(__doc__)
-    _common.add_model_args(parser)
+    parser = cli.tool_parser(__doc__)
+    cli.add_model_args(parser)
     parser.add_argument('--out', default=None,
                         help='output .onnx file (default: work_dirs/onnx/<model>.onnx)')
     parser.add_argument('--opset', type=int, default=17)
@@ -82,7 +78,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.opset < 17:
         parser.error('--opset must be >= 17 (LayerNormalization)')
-    model, _ = _common.build_backbone(args)
+    model, _ = cli.backbone_from_args(args)
     if args.out is None:
         name = (osp.splitext(osp.basename(args.config))[0] if args.config
                 else args.backbone.replace(':', '_').lower())

@@ -6,9 +6,9 @@ from the config's ``default_scope``; the pictures are drawn here, with every lab
 inside the image and clear of the others.
 
 Examples:
-  # after bash tools/quickstart.sh: the mini detector on its own validation images
-  python tools/demo.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py --checkpoint work_dirs/quickstart
-  python tools/demo.py photos/ --config CONFIG --checkpoint CHECKPOINT --score-thr 0.5
+  # after bash scripts/quickstart.sh: the mini detector on its own validation images
+  python tools/misc/demo.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py --checkpoint work_dirs/quickstart
+  python tools/misc/demo.py photos/ --config CONFIG --checkpoint CHECKPOINT --score-thr 0.5
 
 IMAGE (any number) is a file, a folder of images or a scikit-image sample name (astronaut,
 coffee, chelsea, rocket, ...). Without IMAGE the demo runs on the first --num-images images
@@ -23,14 +23,12 @@ import glob
 import json
 import os
 import os.path as osp
-import sys
 import warnings
 
 import numpy as np
 
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), 'analysis'))
-
-import _common  # noqa: E402
+from mmsoft import visualization
+from mmsoft.apis import cli, inference
 
 DISPLAY_SIDE = 512  # small images are drawn enlarged to this long side, so labels fit
 
@@ -41,7 +39,7 @@ def collect_images(sources):
     for source in sources:
         if osp.isdir(source):
             paths = sorted(p for p in glob.glob(osp.join(source, '*'))
-                           if p.lower().endswith(_common.IMAGE_EXTS))
+                           if p.lower().endswith(inference.IMAGE_EXTS))
             if not paths:
                 raise FileNotFoundError(f'no images in {source}')
             out += [(osp.splitext(osp.basename(p))[0], p) for p in paths]
@@ -58,7 +56,7 @@ def _canvas(image, title_lines, extra_bottom=0.):
     scale = max(1., DISPLAY_SIDE / max(H, W))
     title_h = 0.12 + 0.16 * title_lines
     w_in, h_in = W * scale / dpi, H * scale / dpi
-    fig = _common.figure(w_in, h_in + title_h + extra_bottom, dpi)
+    fig = visualization.figure(w_in, h_in + title_h + extra_bottom, dpi)
     fig.set_layout_engine('none')
     total_h = h_in + title_h + extra_bottom
     ax = fig.add_axes([0, extra_bottom / total_h, 1, h_in / total_h])
@@ -147,11 +145,11 @@ def draw_segmentation(image, pred, classes, palette, title):
 
 
 def main(argv=None):
-    parser = _common.tool_parser(__doc__)
+    parser = cli.tool_parser(__doc__)
     parser.add_argument('image', nargs='*',
                         help='image files, folders or scikit-image sample names '
                         '(default: the config\'s test images)')
-    _common.add_model_args(parser, backbone=None)
+    cli.add_model_args(parser, backbone=None)
     parser.add_argument('--num-images', type=int, default=4,
                         help='how many test images without IMAGE (default 4)')
     parser.add_argument('--out-dir', default=osp.join('work_dirs', 'demo'))
@@ -165,7 +163,7 @@ def main(argv=None):
             parser.error(f'give the config as --config {configs[0]} and the weights as '
                          '--checkpoint FILE_OR_WORK_DIR')
         parser.error('the following arguments are required: --config')
-    _common.setup_logging()
+    cli.setup_logging()
 
     import mmsoft  # noqa: F401  (registers the backbones before the model is built)
     from mmengine.config import Config
@@ -173,15 +171,15 @@ def main(argv=None):
     scope = cfg.get('default_scope', 'mmdet')
     if scope not in ('mmdet', 'mmseg'):
         raise ValueError(f'demo supports mmdet and mmseg configs, not {scope!r}')
-    sources = args.image or _common.dataset_images(cfg, args.num_images)
+    sources = args.image or inference.dataset_images(cfg, args.num_images)
     if not sources:
         parser.error(f"{args.config}'s test images are not there (for the mini configs: "
-                     'python tools/make_mini_dataset.py); give IMAGE (file, folder, sample)')
+                     'python tools/misc/make_mini_dataset.py); give IMAGE (file, folder, sample)')
     images = collect_images(sources)
-    checkpoint = _common.resolve_checkpoint(args.checkpoint)
+    checkpoint = inference.resolve_checkpoint(args.checkpoint)
     name = osp.splitext(osp.basename(args.config))[0]
     weights = (osp.basename(checkpoint) if checkpoint else
-               _common.warn_random_weights(name))
+               cli.warn_random_weights(name))
 
     if scope == 'mmdet':
         from mmdet.apis import inference_detector as infer
@@ -200,7 +198,7 @@ def main(argv=None):
         meta.update(cfg.get('test_dataloader', {}).get('dataset', {}).get('metainfo', {}))
     classes = list(meta.get('classes', ()))
     palette = [tuple(p) for p in meta.get('palette', ())] or None
-    _common.logger.info(f'{name} knows {len(classes)} classes: ' + ', '.join(classes[:20]) +
+    cli.logger.info(f'{name} knows {len(classes)} classes: ' + ', '.join(classes[:20]) +
                         (', ...' if len(classes) > 20 else ''))
     if palette is None:
         palette = [tuple(int(255 * v) for v in c[:3])
@@ -211,15 +209,15 @@ def main(argv=None):
     os.makedirs(pred_dir, exist_ok=True)
     results, figures = {}, {}
     for stem, source in images:
-        _common.logger.info(f'image {_common.describe(source)}')
-        image = _common.load_image(source)
+        cli.logger.info(f'image {inference.describe(source)}')
+        image = inference.load_image(source)
         pred = infer(model, np.ascontiguousarray(image[..., ::-1]))  # BGR, as mmcv reads
         title = f'{name} · {weights}'
         if len(classes) <= 8:  # say what the model can find (the mini models: shapes)
             title += f' · classes: {", ".join(classes)}'
         title += f'\nimage {osp.basename(str(source))}'
-        if osp.basename(str(source)) in _common.SAMPLES:
-            title += f' ({_common.SAMPLES[source]})'
+        if osp.basename(str(source)) in inference.SAMPLES:
+            title += f' ({inference.SAMPLES[source]})'
         if scope == 'mmdet':
             fig, dets = draw_detections(image, pred, classes, palette,
                                         f'{title} · score ≥ {args.score_thr}',

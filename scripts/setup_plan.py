@@ -1,10 +1,10 @@
-"""How tools/setup_env.sh builds mmcv's compiled ops on this machine: CPU only, or with
+"""How scripts/setup_env.sh builds mmcv's compiled ops on this machine: CPU only, or with
 CUDA against a toolkit that matches torch's CUDA, or not at all (stop before the long
 build and say what to install).
 
 Standalone (stdlib and torch only): it runs before anything else is installed.
 
-    python tools/setup_plan.py [--cpu-ops]    # prints shell assignments for setup_env.sh
+    python scripts/setup_plan.py [--cpu-ops]    # prints shell assignments for setup_env.sh
 
 mmcv's setup.py compiles CUDA ops whenever torch sees a GPU (or FORCE_CUDA=1) and then
 needs nvcc of the same CUDA major version as torch; without one the build stops with a

@@ -16,13 +16,13 @@
 # (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the ops are built
 # with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached per torch+CUDA
 # tag), or the script stops before the build and says what to install; MMSOFT_MMCV_OPS=cpu
-# builds CPU-only ops there instead (tools/setup_plan.py decides).
+# builds CPU-only ops there instead (scripts/setup_plan.py decides).
 #
 # Idempotent: a second run only checks. Any failure exits non-zero with what to do.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/tools/stack.sh"  # STACK, VENV
+source "$ROOT/scripts/stack.sh"  # STACK, VENV
 CACHE="${MMSOFT_CACHE:-$HOME/.cache/mmsoft}"
 PYTHON="${PYTHON:-python3}"
 
@@ -61,7 +61,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 
 # Fast path: everything already installed and importable.
 if [ "${MMSOFT_FORCE_SETUP:-0}" != 1 ] && [ -f "$VENV/.mmsoft-setup-ok" ] \
-   && "$PY" "$ROOT/tools/check_env.py" --strict >/dev/null 2>&1; then
+   && "$PY" "$ROOT/tools/misc/check_env.py" --strict >/dev/null 2>&1; then
   say "$STACK environment in $VENV is complete (delete $VENV/.mmsoft-setup-ok to re-run the install)."
   exit 0
 fi
@@ -73,8 +73,8 @@ say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build
 
 # How to build mmcv's ops here: CPU only, or CUDA with an nvcc matching torch's CUDA, or
 # stop now (before the long build) naming what to install. MMSOFT_MMCV_OPS=cpu opts into
-# CPU-only ops on a GPU machine. See tools/setup_plan.py.
-PLAN="$("$PY" "$ROOT/tools/setup_plan.py")" || { trap - ERR; exit 1; }
+# CPU-only ops on a GPU machine. See scripts/setup_plan.py.
+PLAN="$("$PY" "$ROOT/scripts/setup_plan.py")" || { trap - ERR; exit 1; }
 eval "$PLAN"
 TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')"
 [ "$MMCV_OPS" = cuda ] && TAG="$TAG-$MMCV_TAG"
@@ -113,6 +113,6 @@ say "installing the $STACK mmengine, mmdet, mmsegmentation, mmpretrain and test 
 say "installing mmsoft in editable mode"
 "${PIP[@]}" install -q --no-deps --no-build-isolation -e "$ROOT"
 
-"$PY" "$ROOT/tools/check_env.py" --strict || fail "the environment check failed (see above)."
+"$PY" "$ROOT/tools/misc/check_env.py" --strict || fail "the environment check failed (see above)."
 touch "$VENV/.mmsoft-setup-ok"
 say "done: activate with 'source $VENV/bin/activate'"

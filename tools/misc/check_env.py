@@ -1,7 +1,7 @@
 """Check an environment for mmsoft: one line per component, and for each problem the fix.
 
-    python tools/check_env.py            # a clone;  `mim run mmsoft check_env` once installed
-    python tools/check_env.py --strict   # also fail on a missing optional codebase
+    python tools/misc/check_env.py            # a clone;  `mim run mmsoft check_env` once installed
+    python tools/misc/check_env.py --strict   # also fail on a missing optional codebase
 
 Checks torch (and whether it sees a GPU), mmengine and mmcv (which distribution: the 2024
 OpenMMLab releases or the OneDL continuation), whether mmcv's compiled ops run on the CPU
@@ -31,12 +31,14 @@ def _load_compat():
     """mmsoft/compat.py (standard library only), loaded by path: it works where mmsoft's
     own imports (torch, mmengine) fail."""
     import importlib.util
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.dirname(here))  # a clone: the repository root
     spec = importlib.util.find_spec('mmsoft')
-    if spec is None or not spec.origin:
+    if spec is not None and spec.origin:
+        path = os.path.join(os.path.dirname(spec.origin), 'compat.py')
+    else:  # a clone that is not installed: mmsoft/ beside tools/
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.path.join(root, 'mmsoft', 'compat.py')
+    if not os.path.isfile(path):
         return None
-    path = os.path.join(os.path.dirname(spec.origin), 'compat.py')
     compat_spec = importlib.util.spec_from_file_location('_mmsoft_compat', path)
     module = importlib.util.module_from_spec(compat_spec)
     compat_spec.loader.exec_module(module)
@@ -75,24 +77,24 @@ def _mmcv_ops():
         from mmcv.ops import get_compiling_cuda_version, nms, roi_align
     except ImportError as e:
         return FAIL, f'{name}: compiled ops missing ({e})', (
-            'mmcv-lite or an mmcv built without ops: run bash tools/setup_env.sh, or build '
+            'mmcv-lite or an mmcv built without ops: run bash scripts/setup_env.sh, or build '
             'mmcv with MMCV_WITH_OPS=1')
     boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [50., 50., 60., 60.]])
     scores = torch.tensor([0.9, 0.8, 0.7])
     _, keep = nms(boxes, scores, iou_threshold=0.5)
     if keep.tolist() != [0, 2]:
-        return FAIL, f'{name}: nms gave {keep.tolist()}', 'rebuild mmcv (tools/setup_env.sh)'
+        return FAIL, f'{name}: nms gave {keep.tolist()}', 'rebuild mmcv (scripts/setup_env.sh)'
     feat = torch.arange(16.).view(1, 1, 4, 4)
     out = roi_align(feat, torch.tensor([[0., 0., 0., 3., 3.]]), (2, 2), 1.0, 2, 'avg', True)
     if out.shape != (1, 1, 2, 2) or not torch.isfinite(out).all():
-        return FAIL, f'{name}: roi_align failed on the CPU', 'rebuild mmcv (tools/setup_env.sh)'
+        return FAIL, f'{name}: roi_align failed on the CPU', 'rebuild mmcv (scripts/setup_env.sh)'
     cuda_ops = get_compiling_cuda_version()
     if cuda_ops in (None, 'not available'):
         if torch.cuda.is_available():
             return FAIL, f'{name}: ops run on the CPU, but were built without CUDA', (
                 "mmdet's focal loss, NMS and RoIAlign will fail on the GPU: rebuild with a "
                 'CUDA toolkit matching torch (delete .venv/.mmsoft-setup-ok and run bash '
-                'tools/setup_env.sh; it says what to install)')
+                'scripts/setup_env.sh; it says what to install)')
         return OK, f'{name}: ops run on the CPU (built without CUDA)', None
     if torch.cuda.is_available():
         _, keep = nms(boxes.cuda(), scores.cuda(), iou_threshold=0.5)
@@ -106,7 +108,7 @@ def _codebase(module, dist_names, what, trap):
     dist, version = dist_version(*dist_names)
     if dist is None:
         return WARN, f'{module} not installed (needed for {what})', (
-            f'pip install {dist_names[0]} (bash tools/setup_env.sh installs the tested '
+            f'pip install {dist_names[0]} (bash scripts/setup_env.sh installs the tested '
             'versions)')
     try:
         __import__(module + '.models')
@@ -162,7 +164,7 @@ def checks():
             results.append(step())
         except ImportError as e:
             results.append((FAIL, f'{name} cannot be imported ({e})',
-                            'bash tools/setup_env.sh makes a complete .venv'))
+                            'bash scripts/setup_env.sh makes a complete .venv'))
         except Exception as e:  # noqa: BLE001 - one line per broken component
             results.append((FAIL, f'{name}: {type(e).__name__}: {e}', None))
     if trap and not any(trap == fix for _, _, fix in results):

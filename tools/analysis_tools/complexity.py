@@ -19,10 +19,10 @@ the papers' tables). The weights do not change the counts: the models are built 
 lines (mmengine prints one init notice per parameter) go to --log-file.
 
 Examples:
-  python tools/analysis/complexity.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py --shape 128 128
-  python tools/analysis/complexity.py --config configs/soft/retinanet_soft-t_fpn_1x_coco.py --shape 800 1280
-  python tools/analysis/complexity.py --backbone SOFT:small --shape 224 224
-  python tools/analysis/complexity.py --all-configs --shape 800 1280 --markdown
+  python tools/analysis_tools/complexity.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py --shape 128 128
+  python tools/analysis_tools/complexity.py --config configs/soft/retinanet_soft-t_fpn_1x_coco.py --shape 800 1280
+  python tools/analysis_tools/complexity.py --backbone SOFT:small --shape 224 224
+  python tools/analysis_tools/complexity.py --all-configs --shape 800 1280 --markdown
 
 RUN_TIME
 """
@@ -35,8 +35,7 @@ import textwrap
 
 import torch
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))  # configs/ beside tools/
 # Measured on a 2-core CPU (CPU seconds: SOFT-T RetinaNet 127, SOFT-L Mask R-CNN 492,
 # XCiT-SimA-S12 Mask R-CNN 33, at 800×1280).
 ALL_CONFIGS_TIME = ('--all-configs (24 configs) at 800×1280 takes about an hour on a 2-core '
@@ -116,9 +115,9 @@ class _TensorForward(torch.nn.Module):
 def build_from_config(path):
     from mmengine.config import Config
 
-    from mmsoft.analysis import build_model_from_config
+    from mmsoft.apis import init_model
     cfg = Config.fromfile(path)
-    return _TensorForward(build_model_from_config(cfg).eval(), cfg.default_scope)
+    return _TensorForward(init_model(cfg).eval(), cfg.default_scope)
 
 
 def fmt_g(x):
@@ -154,7 +153,7 @@ def logs_to_file(path):
 
 
 def main(argv=None):
-    from _common import tool_parser
+    from mmsoft.apis.cli import tool_parser
     run_time = textwrap.fill('Run time: one forward pass and one traced pass per model, on '
                              f'CPU. {ALL_CONFIGS_TIME}.', 90)
     parser = tool_parser(__doc__.replace('RUN_TIME', run_time))
@@ -172,8 +171,8 @@ def main(argv=None):
                         default=osp.join('work_dirs', 'complexity', 'complexity.log'),
                         help='where the models\' log lines go (default %(default)s)')
     args = parser.parse_args(argv)
-    from mmsoft.analysis import build_backbone
-    items = [(b, lambda b=b: build_backbone(b)) for b in args.backbone]
+    from mmsoft.apis import init_backbone
+    items = [(b, lambda b=b: init_backbone(b)) for b in args.backbone]
     paths = list(args.configs) + list(args.config)
     if args.all_configs:
         paths += sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'),

@@ -11,7 +11,7 @@ The objects are easy enough that a small model learns to find them within minute
 training, and hard enough (random colours, sizes, textures, up to 4 objects) that an
 untrained model does not.
 
-Usage: python tools/make_mini_dataset.py [--out data] [--train 200] [--val 40] [--size 128]
+Usage: python tools/misc/make_mini_dataset.py [--out data] [--train 200] [--val 40] [--size 128]
 """
 import argparse
 import json

@@ -6,13 +6,13 @@
   token, per head and averaged (the SimA paper's Fig. 3).
 
 Examples:
-  # after bash tools/quickstart.sh: its SOFT-Tiny on a mini-set image (it saw only shapes)
-  python tools/analysis/attention_maps.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
+  # after bash scripts/quickstart.sh: its SOFT-Tiny on a mini-set image (it saw only shapes)
+  python tools/analysis_tools/attention_maps.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
       --checkpoint work_dirs/quickstart --query 0.3 0.45
   # official ImageNet weights (README, Checkpoints) on a photo
-  python tools/analysis/attention_maps.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
+  python tools/analysis_tools/attention_maps.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
       --image astronaut --layer block3.0.att.mha.attn --query 0.3 0.45
-  python tools/analysis/attention_maps.py --backbone XCiTSimA:s12 \\
+  python tools/analysis_tools/attention_maps.py --backbone XCiTSimA:s12 \\
       --checkpoint checkpoints/xcit_small_12_p16_224.pth --image coffee --layer blocks.7.attn
 
 --image takes a file or a scikit-image sample name (astronaut, coffee, chelsea, rocket, ...);
@@ -23,11 +23,9 @@ PNGs go to work_dirs/attention_maps/ unless --out-dir says otherwise.
 """
 import os
 import os.path as osp
-import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-
-import _common  # noqa: E402
+from mmsoft import visualization
+from mmsoft.apis import cli, inference
 
 SIMA_RANDOM = (': untrained, the token norms mostly light up a border of the image (the '
                'convolutions\' zero padding sets the border tokens apart), not its content')
@@ -37,8 +35,8 @@ def main(argv=None):
     from mmsoft import analysis
     from mmsoft.models import SOFT
 
-    parser = _common.tool_parser(__doc__)
-    _common.add_model_args(parser)
+    parser = cli.tool_parser(__doc__)
+    cli.add_model_args(parser)
     parser.add_argument('--image', help='file or scikit-image sample (default: see below)')
     parser.add_argument('--size', type=int,
                         help='short side of the input (default: the image\'s, at most 512)')
@@ -47,27 +45,27 @@ def main(argv=None):
                         metavar=('Y', 'X'), help='SOFT query position, fractions of H, W')
     parser.add_argument('--out-dir', default=osp.join('work_dirs', 'attention_maps'))
     args = parser.parse_args(argv)
-    _common.setup_logging()
+    cli.setup_logging()
 
-    model, weights = _common.build_backbone(args)
+    model, weights = cli.backbone_from_args(args)
     is_soft = isinstance(model, SOFT)
-    if weights == _common.RANDOM_WEIGHTS and not is_soft:
-        _common.logger.warning('XCiT-SimA maps from random weights' + SIMA_RANDOM)
-    source = args.image or _common.default_images(args.config, 1, ['astronaut'])[0]
-    image = _common.load_image(source)
+    if weights == cli.RANDOM_WEIGHTS and not is_soft:
+        cli.logger.warning('XCiT-SimA maps from random weights' + SIMA_RANDOM)
+    source = args.image or inference.default_images(args.config, 1, ['astronaut'])[0]
+    image = inference.load_image(source)
     size = args.size or min(min(image.shape[:2]), 512)
     if size != min(image.shape[:2]):
-        image = _common.load_image(source, size)
-    x = _common.to_tensor(image)
+        image = inference.load_image(source, size)
+    x = inference.to_tensor(image)
     os.makedirs(args.out_dir, exist_ok=True)
     stem = osp.splitext(osp.basename(str(source)))[0]
-    _common.logger.info(f'image {_common.describe(source)}, short side {size}')
-    head_line = (f'{_common.model_name(args)} · {weights} · '
+    cli.logger.info(f'image {inference.describe(source)}, short side {size}')
+    head_line = (f'{cli.model_name(args)} · {weights} · '
                  f'image {osp.basename(str(source))}')
     written = {}
 
     def save(heat, name, title, label, marker=None):
-        fig = _common.map_figure(image, heat, f'{head_line}\n{title}', label, marker)
+        fig = visualization.map_figure(image, heat, f'{head_line}\n{title}', label, marker)
         path = osp.join(args.out_dir, f'{stem}_{name}.png')
         fig.savefig(path, bbox_inches='tight', pad_inches=0.1)
         written[path] = fig

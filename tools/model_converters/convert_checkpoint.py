@@ -7,7 +7,7 @@ The result loads through ``init_cfg=dict(type='Pretrained', checkpoint=OUT)`` (t
 converted file is smaller (no optimizer state, no EMA copy, no classifier) and loads with
 torch's default ``weights_only=True`` without any allow-list.
 
-Usage: python tools/convert_checkpoint.py {soft,xcit_sima} SRC DST
+Usage: python tools/model_converters/convert_checkpoint.py {soft,xcit_sima} SRC DST
 """
 import argparse
 
@@ -18,8 +18,8 @@ def convert(family, src):
     import mmsoft  # noqa: F401  (allow-lists argparse.Namespace of timm checkpoints)
     from mmengine.runner.checkpoint import CheckpointLoader
 
+    from mmsoft.checkpoint import extract_state_dict
     from mmsoft.models.backbones import soft, xcit_sima
-    from mmsoft.models.utils import extract_state_dict
     filter_fn = {'soft': soft.checkpoint_filter_fn,
                  'xcit_sima': xcit_sima.checkpoint_filter_fn}[family]
     state = filter_fn(extract_state_dict(CheckpointLoader.load_checkpoint(src, 'cpu')))

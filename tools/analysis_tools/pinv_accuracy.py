@@ -1,6 +1,6 @@
 """Accuracy of SOFT's pseudo-inverse paths on landmark kernels that are hard for float32.
 
-For each kernel (``mmsoft.analysis.hard_landmarks``: clustered, pooled, duplicated,
+For each kernel (``mmsoft.testing.hard_landmarks``: clustered, pooled, duplicated,
 near-rank-1, near-identity landmarks), size m and seed: the output deviation of A⁺·Z from
 the float64 20-step iterate of the same float32 kernel, for the official code's float32
 iteration (the floor) and, as a ratio to it, for each ``pinv_method`` without gradients
@@ -8,23 +8,18 @@ iteration (the floor) and, as a ratio to it, for each ``pinv_method`` without gr
 (tests/test_attention.py). 'tf32' and 'tf32x3' are emulated off CUDA.
 
 Examples:
-  python tools/analysis/pinv_accuracy.py
-  python tools/analysis/pinv_accuracy.py --sizes 64 196 400 --seeds 0 1 2 3
-  OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default python tools/analysis/pinv_accuracy.py
+  python tools/analysis_tools/pinv_accuracy.py
+  python tools/analysis_tools/pinv_accuracy.py --sizes 64 196 400 --seeds 0 1 2 3
+  OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default python tools/analysis_tools/pinv_accuracy.py
 """
-import os.path as osp
-import sys
-
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-
-import _common  # noqa: E402
+from mmsoft.apis import cli
 
 
 def main(argv=None):
-    from mmsoft import analysis
-    parser = _common.tool_parser(__doc__)
-    parser.add_argument('--kinds', nargs='+', default=list(analysis.HARD_KERNELS),
-                        choices=analysis.HARD_KERNELS)
+    from mmsoft import testing
+    parser = cli.tool_parser(__doc__)
+    parser.add_argument('--kinds', nargs='+', default=list(testing.HARD_KERNELS),
+                        choices=testing.HARD_KERNELS)
     parser.add_argument('--sizes', nargs='+', type=int, default=[64, 196],
                         help='landmarks m (multiples of 4 that are squares: 64, 196, 400)')
     parser.add_argument('--seeds', nargs='+', type=int, default=[0])
@@ -35,7 +30,7 @@ def main(argv=None):
     for kind in args.kinds:
         for m in args.sizes:
             for seed in args.seeds:
-                r = analysis.pinv_accuracy(kind, m, seed, methods=args.methods)
+                r = testing.pinv_accuracy(kind, m, seed, methods=args.methods)
                 rows.append(dict(kind=kind, m=m, seed=seed, **r))
     cols = [c for c in rows[0] if c not in ('kind', 'm', 'seed', 'floor')]
     print('| kernel | m | seed | official float32 | ' + ' | '.join(cols) + ' |')

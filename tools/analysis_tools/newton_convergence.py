@@ -12,11 +12,11 @@
   shrink the attention output; the iterate is the official one either way.
 
 Examples:
-  # after bash tools/quickstart.sh: its SOFT-Tiny on mini-set images
-  python tools/analysis/newton_convergence.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
+  # after bash scripts/quickstart.sh: its SOFT-Tiny on mini-set images
+  python tools/analysis_tools/newton_convergence.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
       --checkpoint work_dirs/quickstart
   # official ImageNet weights (README, Checkpoints) on photos
-  python tools/analysis/newton_convergence.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
+  python tools/analysis_tools/newton_convergence.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
       --images astronaut coffee chelsea --sizes 224 320 448 640
 
 --images: files or scikit-image sample names; default: the config's first three test images
@@ -31,15 +31,14 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-
-import _common  # noqa: E402
+from mmsoft import visualization
+from mmsoft.apis import cli, inference
 
 
 def convergence_figure(per_layer, iters, title):
     """Fig. 4: mean relative error per layer against the iteration (integer ticks)."""
     from matplotlib.ticker import MaxNLocator
-    fig = _common.figure(6.4, 4.2)
+    fig = visualization.figure(6.4, 4.2)
     ax = fig.add_subplot()
     for layer, errs in per_layer.items():
         ax.semilogy(range(iters + 1), np.mean(errs, axis=0), label=layer)
@@ -57,7 +56,7 @@ def inverse_norm_figure(norm_rows, title):
     """Fig. 5b: mean ||A⁺||₂ against m, without and with normalization. Both log axes are
     labelled at 1, 2, 5 × 10ᵏ in plain numbers, never at the crowded minor ticks."""
     from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
-    fig = _common.figure(6.4, 4.2)
+    fig = visualization.figure(6.4, 4.2)
     ax = fig.add_subplot()
     ms = sorted({r[3] for r in norm_rows})
     for col, label in ((4, 'without normalization'), (5, 'with normalization')):
@@ -79,8 +78,8 @@ def main(argv=None):
     from tqdm import tqdm
 
     from mmsoft import analysis
-    parser = _common.tool_parser(__doc__)
-    _common.add_model_args(parser)
+    parser = cli.tool_parser(__doc__)
+    cli.add_model_args(parser)
     parser.add_argument('--images', nargs='+', help='files or scikit-image samples')
     parser.add_argument('--size', type=int, default=224, help='short side for Fig. 4')
     parser.add_argument('--sizes', nargs='+', type=int, default=[128, 224, 320, 448],
@@ -88,21 +87,21 @@ def main(argv=None):
     parser.add_argument('--iters', type=int, default=20)
     parser.add_argument('--out-dir', default=osp.join('work_dirs', 'newton_convergence'))
     args = parser.parse_args(argv)
-    _common.setup_logging()
+    cli.setup_logging()
 
-    model, weights = _common.build_backbone(args)
-    images = args.images or _common.default_images(args.config, 3,
+    model, weights = cli.backbone_from_args(args)
+    images = args.images or inference.default_images(args.config, 3,
                                                    ['astronaut', 'coffee', 'chelsea'])
-    _common.logger.info('images: ' + '; '.join(_common.describe(i) for i in images))
+    cli.logger.info('images: ' + '; '.join(inference.describe(i) for i in images))
     names = [osp.basename(str(i)) for i in images]
     os.makedirs(args.out_dir, exist_ok=True)
-    about = f'{_common.model_name(args)} · {weights}'
+    about = f'{cli.model_name(args)} · {weights}'
 
     # Fig. 4 and the convergence boundary, on the same images -------------------------
     per_layer = {}
     rows, boundary_rows = [], []
     for img, name in zip(tqdm(images, desc='convergence', file=sys.stderr), names):
-        x = _common.to_tensor(_common.load_image(img, args.size))
+        x = inference.to_tensor(inference.load_image(img, args.size))
         for layer, r in analysis.newton_convergence(model, x, args.iters).items():
             per_layer.setdefault(layer, []).append(r['errors'])
             rows += [(layer, name, r['m'], k, e) for k, e in enumerate(r['errors'])]
@@ -134,7 +133,7 @@ def main(argv=None):
     norm_rows = []
     for size in tqdm(args.sizes, desc='inverse norms', file=sys.stderr):
         for img, name in zip(images, names):
-            x = _common.to_tensor(_common.load_image(img, size))
+            x = inference.to_tensor(inference.load_image(img, size))
             for layer, r in analysis.inverse_spectral_norms(model, x).items():
                 norm_rows.append((layer, name, size, r['m'], r['plain'], r['normalized']))
     with open(osp.join(args.out_dir, 'inverse_norm.csv'), 'w', newline='') as f:

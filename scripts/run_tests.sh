@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# README command 2: set up (or reuse) .venv, then run the test suite.
+# Extra arguments go to pytest, e.g. `bash scripts/run_tests.sh -m "not slow"`.
+# MMSOFT_STACK=onedl runs it in .venv-onedl on the OneDL stack (scripts/setup_env.sh).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/stack.sh"  # STACK, VENV
+bash "$ROOT/scripts/setup_env.sh"
+cd "$ROOT"
+exec "$VENV/bin/python" -m pytest tests "$@"
