@@ -4,26 +4,10 @@
 # CutMix, label smoothing. Difference from the official model: the classifier pools the
 # last block's tokens (global average) instead of XCiT's two class-attention blocks,
 # which dense prediction drops anyway.
-_base_ = [
-    'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',
-    'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
-    'mmpretrain::_base_/default_runtime.py'
-]
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+_base_ = '../_base_/adamw_8xb128-300e_in1k.py'
 
 model = dict(
-    type='ImageClassifier',
     backbone=dict(type='XCiTSimA', arch='s12', patch_size=16, out_indices=(3, 5, 7, 11),
                   with_pyramid=False, drop_path_rate=0.05),
     neck=dict(type='GlobalAveragePooling'),
-    head=dict(
-        type='LinearClsHead',
-        num_classes=1000,
-        in_channels=384,
-        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        cal_acc=False),
-    train_cfg=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)]))
-
-# 8 GPUs x 128 images = 1024; with other GPU counts use --auto-scale-lr.
-train_dataloader = dict(batch_size=128)
-optim_wrapper = dict(paramwise_cfg=dict(norm_decay_mult=0.))
+    head=dict(in_channels=384))
