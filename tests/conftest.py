@@ -1,11 +1,14 @@
+import importlib.util
 import os
 import os.path as osp
 import subprocess
+from contextlib import ExitStack
 
 import pytest
 import torch
 
-DATA = osp.join(osp.dirname(__file__), 'data')
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))  # the repository
+DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
 
 
 def data_path(name):
@@ -27,12 +30,31 @@ def run(cmd, cwd, env=None):
     return res.stdout + res.stderr
 
 
+def load_tool(path):
+    """A script under tools/ (``path`` relative to the repository) as a module, loaded
+    from its file as ``python tools/...`` runs it, without touching ``sys.path``."""
+    name = osp.splitext(osp.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(f'mmsoft_tool_{name}', osp.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def untrained_checkpoint(cfg_path, path):
     """The config's model after init_weights(), saved as an mmengine checkpoint."""
-    from mmsoft.analysis import build_model_from_config
-    model = build_model_from_config(cfg_path)
+    from mmsoft.apis import init_model
+    model = init_model(cfg_path)
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
     return str(path)
+
+
+@pytest.fixture
+def force_plan():
+    """``force_plan(**choices)``: ``attention_plan(**choices)`` until the test ends
+    (calls nest)."""
+    from mmsoft.models.attention import attention_plan
+    with ExitStack() as stack:
+        yield lambda *args, **kwargs: stack.enter_context(attention_plan(*args, **kwargs))
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +89,16 @@ def pytest_collection_modifyitems(config, items):
 SOFT_FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                          depths=[1, 1, 2, 1])
 SIMA_FIXTURE_ARCH = dict(embed_dims=64, depth=4, num_heads=2, eta=1.0)
+
+
+def fixture_model(**kwargs):
+    """The SOFT parity fixture's model (official-format tiny checkpoint), in eval mode."""
+    from mmsoft.models import SOFT
+    kwargs.setdefault('init_cfg', dict(type='Pretrained',
+                                       checkpoint=data_path('soft_public_checkpoint.pth')))
+    model = SOFT(arch=SOFT_FIXTURE_ARCH, drop_path_rate=0., **kwargs)
+    model.init_weights()
+    return model.eval()
 
 
 @pytest.fixture

@@ -41,7 +41,8 @@ SAMPLES = {
 def init_backbone(backbone=None, config=None, checkpoint=None):
     """A backbone in eval mode from ``'SOFT:small'`` / ``'XCiTSimA:s12'`` or from a
     config's ``model.backbone``, optionally loading ``checkpoint`` (any format the
-    backbones load: official, mmengine whole-model, converted)."""
+    backbones load: official, mmengine whole-model, converted; a work dir: its last
+    checkpoint)."""
     from mmengine.config import Config
 
     from ..models import SOFT, XCiTSimA
@@ -59,6 +60,8 @@ def init_backbone(backbone=None, config=None, checkpoint=None):
         cfg = dict(arch=arch or ('small' if family == 'SOFT' else 's12'))
     cfg['drop_path_rate'] = 0.
     if checkpoint:
+        if osp.isdir(checkpoint):
+            checkpoint = resolve_checkpoint(checkpoint)
         cfg['init_cfg'] = dict(type='Pretrained', checkpoint=checkpoint)
     model = cls(**cfg)
     model.init_weights()
@@ -69,7 +72,8 @@ def init_model(cfg, checkpoint=None):
     """The detector / segmentor / classifier of a config (path or ``Config``), built as
     mmengine's Runner does (codebase scope, top-level ``data_preprocessor``), without the
     backbone's ImageNet checkpoint, with SyncBN reverted to BN, after ``init_weights()``;
-    then ``checkpoint`` (a file or a work dir, ``resolve_checkpoint``) loaded, if given.
+    then ``checkpoint`` loaded, if given (a file, a URL, or a work dir: its last
+    checkpoint).
     In train mode, like a freshly built model; call ``.eval()`` for inference."""
     import mmsoft  # noqa: F401  (registers the backbones, guards checkpoint loading)
     from mmengine.config import Config
@@ -84,9 +88,10 @@ def init_model(cfg, checkpoint=None):
     registry = importlib.import_module(cfg.default_scope + '.registry').MODELS
     model = revert_sync_batchnorm(registry.build(cfg.model))
     model.init_weights()
-    checkpoint = resolve_checkpoint(checkpoint)
-    if checkpoint is not None:
+    if checkpoint:
         from mmengine.runner import load_checkpoint
+        if osp.isdir(checkpoint):
+            checkpoint = resolve_checkpoint(checkpoint)
         load_checkpoint(model, checkpoint, map_location='cpu', logger='current')
     return model
 

@@ -1,4 +1,4 @@
-"""tools/check_env.py and mmsoft.compat: what an environment lacks, and the fix."""
+"""tools/misc/check_env.py and mmsoft.compat: what an environment lacks, and the fix."""
 import os
 import os.path as osp
 import subprocess
@@ -6,9 +6,7 @@ import sys
 import sysconfig
 
 import pytest
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
+from conftest import ROOT, load_tool
 
 
 @pytest.mark.parametrize('transformers,mmpretrain,trapped', [
@@ -23,7 +21,7 @@ def test_transformers_trap_rule(transformers, mmpretrain, trapped):
 
 
 def test_check_env_reports_every_component_here(capsys):
-    import check_env
+    check_env = load_tool('tools/misc/check_env.py')
     assert check_env.main([]) == 0
     out = capsys.readouterr().out
     for name in ('torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'mmsoft'):
@@ -33,7 +31,7 @@ def test_check_env_reports_every_component_here(capsys):
 
 def test_check_env_names_missing_ops_and_codebases(monkeypatch, capsys):
     """A broken mmcv and a missing codebase: one line each, with a fix, exit 1."""
-    import check_env
+    check_env = load_tool('tools/misc/check_env.py')
 
     def broken_mmcv():
         raise ImportError("No module named 'mmcv._ext'")
@@ -69,7 +67,7 @@ def test_transformers_5_beside_mmpretrain(tmp_path):
     trap = subprocess.run([py, '-c', 'import mmdet.models'], capture_output=True, text=True,
                           env=env)
     assert 'NoneType takes no arguments' in trap.stderr
-    check = subprocess.run([py, osp.join(ROOT, 'tools', 'check_env.py')],
+    check = subprocess.run([py, osp.join(ROOT, 'tools', 'misc', 'check_env.py')],
                            capture_output=True, text=True, env=env)
     assert check.returncode == 1
     assert 'fix: transformers' in check.stdout and 'pip install "transformers<5"' in check.stdout

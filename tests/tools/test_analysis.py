@@ -1,4 +1,4 @@
-"""tools/analysis, tools/demo.py and tools/deployment: run on small inputs, check outputs."""
+"""tools/analysis, tools/misc/demo.py and tools/deployment: run on small inputs, check outputs."""
 import csv
 import logging
 import math
@@ -8,11 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import SIMA_FIXTURE_ARCH, SOFT_FIXTURE_ARCH, data_path, untrained_checkpoint
+from conftest import (ROOT, SIMA_FIXTURE_ARCH, SOFT_FIXTURE_ARCH, data_path, load_tool, untrained_checkpoint)
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-for sub in ('tools', 'tools/analysis', 'tools/deployment'):
-    sys.path.insert(0, osp.join(ROOT, sub))
 
 MINI_DET = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
 
@@ -42,7 +39,7 @@ def _colorbar_axes(fig):
 def test_soft_attention_maps_explain_themselves(tmp_path, fixture_configs):
     """One figure per head: title with model, weights, layer, head and query; a colorbar;
     a marker at the query token's centre."""
-    import attention_maps
+    attention_maps = load_tool('tools/analysis_tools/attention_maps.py')
     written = attention_maps.main(fixture_configs['soft'] + [
         '--image', 'astronaut', '--size', '128', '--layer', 'block2.0.att.mha.attn',
         '--query', '0.3', '0.5', '--out-dir', str(tmp_path)])
@@ -67,8 +64,8 @@ def test_soft_attention_maps_explain_themselves(tmp_path, fixture_configs):
 def test_analysis_tools_say_random_weights(tmp_path, fixture_configs, caplog):
     """No --checkpoint: a warning in the log and 'RANDOM WEIGHTS' in every title; SimA also
     warns that random maps show the padded border."""
-    import attention_maps
-    import newton_convergence
+    attention_maps = load_tool('tools/analysis_tools/attention_maps.py')
+    newton_convergence = load_tool('tools/analysis_tools/newton_convergence.py')
     caplog.set_level(logging.WARNING, logger='mmsoft.tools')
     soft_cfg, sima_cfg = fixture_configs['soft'][:2], fixture_configs['sima'][:2]
     written = attention_maps.main(soft_cfg + ['--image', 'coffee', '--size', '96',
@@ -92,11 +89,10 @@ def test_soft_attention_row_is_the_attention(fixture_configs):
     """The map equals the row of P·Â·Pᵀ computed explicitly: q from the layer's input,
     scaled by d^(-1/4), P and A from pairwise distances, Â = D^-1/2·A⁺·D^-1/2 with an SVD
     pseudo-inverse, the full N×N matrix formed (N = 96 here)."""
-    from _common import load_image, to_tensor
-
     from mmsoft import analysis
-    model = analysis.build_backbone(config=fixture_configs['soft'][1],
-                                    checkpoint=fixture_configs['soft'][3])
+    from mmsoft.apis import init_backbone, load_image, to_tensor
+    model = init_backbone(config=fixture_configs['soft'][1],
+                          checkpoint=fixture_configs['soft'][3])
     x = to_tensor(load_image('coffee', 64))  # 64×96: stage 2 runs on an 8×12 grid
     layer = 'block2.0.att.mha.attn'
     got = analysis.soft_attention_rows(model, x, layer, (0.2, 0.7))
@@ -132,7 +128,7 @@ def test_soft_attention_row_is_the_attention(fixture_configs):
 
 
 def test_sima_token_importance_maps(tmp_path, fixture_configs):
-    import attention_maps
+    attention_maps = load_tool('tools/analysis_tools/attention_maps.py')
     written = attention_maps.main(fixture_configs['sima'] + [
         '--image', 'chelsea', '--size', '96', '--layer', 'blocks.2.attn',
         '--out-dir', str(tmp_path)])
@@ -145,7 +141,7 @@ def test_sima_token_importance_maps(tmp_path, fixture_configs):
 
 
 def test_newton_convergence_tool(tmp_path, fixture_configs):
-    import newton_convergence
+    newton_convergence = load_tool('tools/analysis_tools/newton_convergence.py')
     res = newton_convergence.main(fixture_configs['soft'] + [
         '--images', 'astronaut', 'coffee', '--size', '96', '--sizes', '96', '160', '224',
         '--iters', '12', '--out-dir', str(tmp_path)])
@@ -199,7 +195,7 @@ HAND_MACS['block3.1.att.mha.attn'] = HAND_MACS['block3.0.att.mha.attn']
 
 
 def test_complexity_matches_a_hand_count():
-    import complexity
+    complexity = load_tool('tools/analysis_tools/complexity.py')
     from mmengine.analysis import FlopAnalyzer
 
     from mmsoft.models import SOFT
@@ -224,7 +220,7 @@ def test_complexity_matches_a_hand_count():
 
 
 def test_complexity_of_backbones_and_a_config():
-    import complexity
+    complexity = load_tool('tools/analysis_tools/complexity.py')
     rows = complexity.main(['--backbone', 'SOFT:tiny', '--backbone', 'XCiTSimA:t12',
                             '--config', MINI_DET, '--shape', '128', '128'])
     (_, _, p_soft, mm_soft, ours_soft), (_, _, p_x, mm_x, ours_x), (_, _, p_det, mm_det,
@@ -238,7 +234,11 @@ def test_complexity_of_backbones_and_a_config():
 def test_complexity_keeps_log_lines_off_the_console(tmp_path, capfd):
     """The models' log lines (mmengine's per-parameter init notices) go to --log-file; the
     console shows the progress and the results."""
-    import complexity
+    from mmengine.logging import MMLogger
+    # mmengine's current logger as in a fresh process: a Runner of an earlier test leaves
+    # one with a log file, to which init_weights then writes its notices directly
+    MMLogger.get_instance(f'complexity-{tmp_path.name}')
+    complexity = load_tool('tools/analysis_tools/complexity.py')
     log = tmp_path / 'complexity.log'
     complexity.main(['--config', MINI_DET, '--shape', '64', '64', '--log-file', str(log)])
     out, err = capfd.readouterr()
@@ -251,8 +251,8 @@ def test_complexity_keeps_log_lines_off_the_console(tmp_path, capfd):
 def test_demo_on_the_mini_sets_own_images(tmp_path, monkeypatch):
     """Without IMAGE the demo runs on the config's test images (found through
     $MMSOFT_DATA); titles say the config, the weights and the image."""
-    import demo
-    import make_mini_dataset
+    demo = load_tool('tools/misc/demo.py')
+    make_mini_dataset = load_tool('tools/misc/make_mini_dataset.py')
     make_mini_dataset.main(['--out', str(tmp_path / 'data'), '--train', '1', '--val', '3'])
     monkeypatch.setenv('MMSOFT_DATA', str(tmp_path / 'data'))
     ckpt = untrained_checkpoint(MINI_DET, tmp_path / 'model.pth')
@@ -273,7 +273,7 @@ def test_demo_on_the_mini_sets_own_images(tmp_path, monkeypatch):
 
 
 def test_demo_points_the_old_positional_form_to_the_options(capsys):
-    import demo
+    demo = load_tool('tools/misc/demo.py')
     with pytest.raises(SystemExit):
         demo.main(['astronaut', MINI_DET, 'work_dirs/quickstart/iter_400.pth'])
     assert f'--config {MINI_DET}' in capsys.readouterr().err
@@ -282,7 +282,7 @@ def test_demo_points_the_old_positional_form_to_the_options(capsys):
 def test_demo_labels_stay_inside_and_apart():
     """Labels of boxes at the image edges and of overlapping boxes: inside the image and
     not overlapping each other."""
-    import demo
+    demo = load_tool('tools/misc/demo.py')
     image = np.zeros((128, 128, 3), np.uint8)
     fig, ax, scale = demo._canvas(image, 1)
     boxes = [(0, 0, 40, 30), (2, 3, 42, 33), (100, 0, 128, 20), (90, 100, 128, 128),
@@ -305,19 +305,19 @@ def test_demo_labels_stay_inside_and_apart():
 
 @pytest.mark.parametrize('family', ['soft', 'sima'])
 def test_onnx_export_matches_onnxruntime(tmp_path, fixture_configs, family):
-    import export_onnx
+    export_onnx = load_tool('tools/deployment/export_onnx.py')
     devs = export_onnx.main(fixture_configs[family] + [
         '--out', str(tmp_path / 'm.onnx'), '--check-sizes', '128x160', '97x131'])
     assert len(devs) == 2 and max(devs.values()) <= 1e-4
 
 
 def test_tools_have_help(capsys):
-    import attention_maps
-    import complexity
-    import demo
-    import export_onnx
-    import newton_convergence
-    import pinv_accuracy
+    attention_maps = load_tool('tools/analysis_tools/attention_maps.py')
+    complexity = load_tool('tools/analysis_tools/complexity.py')
+    demo = load_tool('tools/misc/demo.py')
+    export_onnx = load_tool('tools/deployment/export_onnx.py')
+    newton_convergence = load_tool('tools/analysis_tools/newton_convergence.py')
+    pinv_accuracy = load_tool('tools/analysis_tools/pinv_accuracy.py')
     for tool in (attention_maps, newton_convergence, complexity, demo, export_onnx,
                  pinv_accuracy):
         with pytest.raises(SystemExit) as e:
@@ -349,10 +349,10 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
 
 
 def test_pinv_accuracy_tool(capsys):
-    """tools/analysis/pinv_accuracy.py: a row per kernel, size and seed with the floor
+    """tools/analysis_tools/pinv_accuracy.py: a row per kernel, size and seed with the floor
     and each path's ratio to it; the exact default paths within 2×, 'tf32' (emulated)
     far below the floor on clustered landmarks (up to 47× measured)."""
-    import pinv_accuracy
+    pinv_accuracy = load_tool('tools/analysis_tools/pinv_accuracy.py')
     rows = pinv_accuracy.main(['--kinds', 'clustered', 'near_identity', '--sizes', '64',
                                '--seeds', '0', '1'])
     assert [(r['kind'], r['seed']) for r in rows] == [('clustered', 0), ('clustered', 1),

@@ -7,12 +7,10 @@ pseudo-inverse does. The 'tf32' pinv mode switches TF32 on for its own products 
 """
 import pytest
 import torch
-from conftest import data_path, rel_err
-from test_soft import fixture_model
+from conftest import data_path, fixture_model, rel_err
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import soft_attention
-from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT
 
 pytestmark = [
     pytest.mark.cuda,
@@ -35,8 +33,8 @@ def _no_tf32():
 @pytest.mark.parametrize('pinv_method, layout', [
     *((m, 'images') for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
     ('auto', 'channels')])
-def test_parity_on_cuda(pinv_method, layout, monkeypatch):
-    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cuda', layout)
+def test_parity_on_cuda(pinv_method, layout, force_plan):
+    force_plan(local_conv_layout=layout, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
     model = fixture_model(pinv_method=pinv_method).cuda()
     with torch.no_grad():

@@ -1,21 +1,40 @@
-"""tools/benchmark.py runs its sections at small sizes and reports sane numbers."""
+"""tools/analysis_tools/benchmark.py (the CLI) and its sections in mmsoft.benchmark run
+at small sizes and report sane numbers."""
 import argparse
 import json
 import math
 import os.path as osp
+import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
+
+CLI = osp.join(ROOT, 'tools', 'analysis_tools', 'benchmark.py')
+benchmark = load_tool(CLI)
+
+
+def test_cli_help_from_anywhere(tmp_path):
+    """The CLI needs only an importable mmsoft, not the repository as working directory;
+    its sections are the library's, in the default order."""
+    from mmsoft.benchmark import SECTIONS
+    res = subprocess.run([sys.executable, CLI, '--help'], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    assert 'python tools/analysis_tools/benchmark.py' in res.stdout
+    assert '--sections' in res.stdout and '--json' in res.stdout
+    assert benchmark.SECTIONS is SECTIONS
+    assert list(SECTIONS) == ['pinv', 'dwconv', 'kernel', 'speed', 'train', 'modes', 'memory',
+                              'scaling', 'launches', 'detector']
 
 
 def test_benchmark_sections(tmp_path, capsys):
-    from tools import benchmark
+    from mmsoft.benchmark import modes as modes_mod
+    from mmsoft.benchmark.plan import KERNEL_CHUNKS
+    from mmsoft.models.attention import newton, plan_for
     out = tmp_path / 'b.json'
-    from mmsoft.models.attention import KERNEL_PLAN
-    plan = dict(KERNEL_PLAN)
+    plan, spectral_factors = plan_for('cpu'), newton._spectral_factors
     benchmark.main(['--device', 'cpu', '--sections', 'pinv,dwconv,kernel,speed,train,modes',
                     '--sizes', '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes',
                     '16', '130', '--train-batch', '1', '--json', str(out)])
@@ -28,9 +47,9 @@ def test_benchmark_sections(tmp_path, capsys):
                                   for step in ('forward', 'train')}
     assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
     kernel = res['kernel']  # per stage: inference (once + 4 chunk sizes), train (chunks)
-    assert len(kernel) == 6 and KERNEL_PLAN == plan  # the section restores the table
+    assert len(kernel) == 6 and plan_for('cpu') == plan  # the plan in force as before
     for name, row in kernel.items():
-        chunks = {f'2^{c}' for c in benchmark.KERNEL_CHUNKS}
+        chunks = {f'2^{c}' for c in KERNEL_CHUNKS}
         assert set(row) == (chunks if ' train ' in name else chunks | {'once'}), name
         assert all(t > 0 for t in row.values())
     for row in res['speed'].values():
@@ -49,28 +68,37 @@ def test_benchmark_sections(tmp_path, capsys):
     # eigh in float32 (what 'spectral' was, timed for comparison): the same iterate on
     # these inputs (its accuracy fails on hard kernels: tests/test_attention.py), and the
     # swap is undone afterwards
-    from mmsoft.models.attention import newton
     assert modes['spectral, float32 eigh']['time'] > 0
     assert max(modes['spectral, float32 eigh']['deviation']) < 1e-5
-    assert newton._spectral_factors is not benchmark._float32_eigh_factors
+    assert newton._spectral_factors is spectral_factors
+    assert newton._spectral_factors is not modes_mod._float32_eigh_factors
     # fast modes change the answer, by the documented orders of magnitude
     assert 0 < max(modes['regularized']['deviation']) < 0.05
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
 
 
-def test_launch_counts(tmp_path):
-    """Operators per forward / training step, CUDA's plan on the meta device; the plan
-    tables are as before afterwards."""
-    from tools import benchmark
+def test_launch_counts(tmp_path, monkeypatch):
+    """Operators per forward / training step, CUDA's plan on the meta device (also where
+    another plan was forced for meta around the section); the plans in force are as
+    before afterwards."""
+    from mmsoft.benchmark import launches
+    from mmsoft.models.attention import PLANS, attention_plan, plan_for
+    seen, build = [], launches.build
 
-    from mmsoft.models.attention import KERNEL_PLAN, PINV_AUTO
-    from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT
-    tables = [dict(t) for t in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)]
+    def recording_build(name, mode='auto'):  # called inside the section's plan
+        seen.append(plan_for('meta'))
+        return build(name, mode)
+
+    monkeypatch.setattr(launches, 'build', recording_build)
     out = tmp_path / 'l.json'
-    benchmark.main(['--device', 'cpu', '--sections', 'launches', '--sizes', '64x64',
-                    '96x128', '--train-batch', '2', '--json', str(out)])
+    with attention_plan(kernel_chunk=2**10, local_conv_layout='channels', device='meta'):
+        before = [plan_for(d) for d in ('cpu', 'cuda', 'meta')]
+        assert before[2] != PLANS['cuda']
+        benchmark.main(['--device', 'cpu', '--sections', 'launches', '--sizes', '64x64',
+                        '96x128', '--train-batch', '2', '--json', str(out)])
+        assert [plan_for(d) for d in ('cpu', 'cuda', 'meta')] == before
+    assert len(seen) == 10 and all(p == PLANS['cuda'] for p in seen)
     rows = json.loads(out.read_text())['launches']
-    assert [dict(t) for t in (PINV_AUTO, KERNEL_PLAN, LOCAL_CONV_LAYOUT)] == tables
     labels = ['Swin-T', 'SOFT-S (auto)', 'SOFT-S (grid16)', 'SOFT-S (regularized)',
               'XCiT-SimA-S12/16']
     assert set(rows) == {f'{label} {size}' for label in labels
@@ -84,8 +112,6 @@ def test_compile_rows(tmp_path, capsys, monkeypatch):
     the compiling first call is a warm-up even with --repeat 0. (torch.compile is
     replaced by a recorder here; that SOFT traces is tested in test_soft.py.)"""
     import torch
-
-    from tools import benchmark
     modes, calls = [], []
 
     def fake_compile(model, mode=None):
@@ -113,15 +139,15 @@ def test_compile_rows(tmp_path, capsys, monkeypatch):
 def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
     """--rounds K measures every model once per round, in turn, and reports the median of
     its K times (a slow phase of a shared machine then hits all models, not one)."""
-    from tools import benchmark
+    from mmsoft.benchmark import speed
     order = []
 
     def fake_measure(model, size, device, repeat, **kwargs):
         order.append(model)
         return float(len(order))  # the k-th measurement takes k seconds
 
-    monkeypatch.setattr(benchmark, 'build', lambda name, mode='auto': name)
-    monkeypatch.setattr(benchmark, 'measure', fake_measure)
+    monkeypatch.setattr(speed, 'build', lambda name, mode='auto': name)
+    monkeypatch.setattr(speed, 'measure', fake_measure)
     out = tmp_path / 'r.json'
     benchmark.main(['--device', 'cpu', '--sections', 'speed', '--sizes', '64x64',
                     '--skip-official', '--rounds', '3', '--json', str(out)])
@@ -135,7 +161,6 @@ def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_benchmark_scaling_plot(tmp_path):
-    from tools import benchmark
     plot, out = tmp_path / 'scaling.png', tmp_path / 's.json'
     benchmark.main(['--device', 'cpu', '--sections', 'scaling', '--sweep', '64x64',
                     '128x128', '--repeat', '0', '--series', '2', '--plot', str(plot),
@@ -152,20 +177,21 @@ def test_benchmark_scaling_plot(tmp_path):
 def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
     """A crashed measurement reads 'failed' and the exponent says how many sizes it was
     fitted on; a deliberate skip reads differently."""
-    from tools import benchmark
+    from mmsoft.benchmark import memory
+    from mmsoft.benchmark.common import parse_size
     sweep = ['64x64', '128x128', '256x256']
 
     def fake(name, mode, size, device, repeat, **kw):
         if size == '128x128':
             return None  # what _child_measure returns for a crashed child
-        n = benchmark.parse_size(size)[0]
+        n = parse_size(size)[0]
         return dict(time=n * 1e-3, peak_mb=float(n))
 
-    monkeypatch.setattr(benchmark, '_child_measure', fake)
+    monkeypatch.setattr(memory, '_child_measure', fake)
     args = argparse.Namespace(
         series=4, sweep=sweep, device='cpu', repeat=0, softmax_max_pixels=100 * 100,
         plot=None)
-    lines = benchmark.section_scaling(args, {})
+    lines = memory.section_scaling(args, {})
     soft = next(line for line in lines if line.startswith('| SOFT-S [auto]'))
     assert '| failed |' in soft and '(fitted on 2 sizes)' in soft
     pvt = next(line for line in lines if line.startswith('| PVT-S'))
@@ -177,8 +203,8 @@ def test_zero_padded_pinv_is_the_same_iterate():
     also where the padded size equals Z's width (m = 25 -> 32, 32 columns)."""
     import torch
 
+    from mmsoft.benchmark.plan import _zero_padded
     from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
-    from tools.benchmark import _zero_padded
     x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
     A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)
     formed = _zero_padded(lambda A, Z: newton_pinv(A, method='iterative'), 8, formed=True)
@@ -194,7 +220,6 @@ def test_zero_padded_pinv_is_the_same_iterate():
 def test_detector_section(tmp_path, capsys):
     """--sections detector times a training iteration and a test forward of RetinaNet and
     Mask R-CNN with SOFT-S and with Swin-T, built from the shipped configs."""
-    from tools import benchmark
     out = tmp_path / 'd.json'
     benchmark.main(['--device', 'cpu', '--sections', 'detector', '--detector-size', '96x128',
                     '--repeat', '0', '--train-batch', '1', '--json', str(out)])
@@ -211,29 +236,29 @@ def test_detector_configs_differ_only_in_the_backbone():
     import torch
     from mmengine.optim import build_optim_wrapper
 
-    from mmsoft.analysis import build_model_from_config
-    from tools import benchmark
-    for det in benchmark.DETECTOR_CONFIGS:
-        soft, swin = (benchmark.detector_config(det, b) for b in ('SOFT-S', 'Swin-T'))
+    from mmsoft.apis import init_model
+    from mmsoft.benchmark import detector
+    for det in detector.DETECTOR_CONFIGS:
+        soft, swin = (detector.detector_config(det, b) for b in ('SOFT-S', 'Swin-T'))
         assert swin.model.backbone.type == 'SwinTransformer'
         assert swin.model.backbone.out_indices == soft.model.backbone.out_indices
         assert swin.model.neck.in_channels == [
-            benchmark.SWIN_T_WIDTHS[i] for i in soft.model.backbone.out_indices]
+            detector.SWIN_T_WIDTHS[i] for i in soft.model.backbone.out_indices]
         for cfg in (soft, swin):
             cfg.model.pop('backbone')
             cfg.model.neck.pop('in_channels')
         assert soft.model.to_dict() == swin.model.to_dict(), det
         assert soft.optim_wrapper.to_dict() == swin.optim_wrapper.to_dict(), det
     with pytest.raises(ValueError, match='SOFT-S'):
-        benchmark.detector_config('RetinaNet', 'ResNet-50')
-    cfg = benchmark.detector_config('Mask R-CNN', 'Swin-T')
+        detector.detector_config('RetinaNet', 'ResNet-50')
+    cfg = detector.detector_config('Mask R-CNN', 'Swin-T')
     torch.manual_seed(0)
-    model = build_model_from_config(cfg)
+    model = init_model(cfg)
     optim = build_optim_wrapper(model, cfg.optim_wrapper)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    data = benchmark.detector_batch((64, 96), 2, masks=True)
+    data = detector.detector_batch((64, 96), 2, masks=True)
     assert data['data_samples'][0].gt_instances.masks.masks.sum() > 0
-    benchmark._detector_step(model, optim, data, 'cpu', train=True)
+    detector._detector_step(model, optim, data, 'cpu', train=True)
     changed = [k for k, p in model.named_parameters() if not torch.equal(p, before[k])]
     assert any(k.startswith('backbone.') for k in changed)
     assert any(k.startswith('roi_head.mask_head.') for k in changed)
@@ -247,7 +272,7 @@ def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
     size gets its own static graph."""
     import torch
 
-    from tools import benchmark
+    from mmsoft.benchmark.common import measure
     real_compile, dynamic = torch.compile, []
 
     def backend(gm, example_inputs):
@@ -258,5 +283,64 @@ def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
                         lambda model, mode=None: real_compile(model, backend=backend))
     model = torch.nn.Conv2d(3, 4, 3)
     for size in ((16, 16), (24, 32), (40, 24)):
-        benchmark.measure(model, size, 'cpu', repeat=0, compile_mode='default')
+        measure(model, size, 'cpu', repeat=0, compile_mode='default')
     assert dynamic == [False] * 3
+
+
+def test_kernel_section_forces_each_chunk(monkeypatch):
+    """The kernel section times every chunk size through the plan (``kernel_chunk`` forced
+    for the device type inside each call), and leaves the plan in force as it was."""
+    from mmsoft.benchmark import plan as plan_sections
+    from mmsoft.models import attention
+    from mmsoft.models.attention import PLANS, plan_for
+    seen, kernel_matmul = set(), attention.kernel_matmul
+
+    def recording(q, *args, **kwargs):
+        p = plan_for(q.device.type)
+        seen.add((p.kernel_chunk, p.kernel_once_up_to))
+        return kernel_matmul(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention, 'kernel_matmul', recording)
+    before = plan_for('cpu')
+    args = argparse.Namespace(device='cpu', sizes=['64x64'], train_batch=1, rounds=1)
+    out = {}
+    plan_sections.section_kernel(args, out)
+    # inside: each chunk, and P never formed whole; the CPU plan says otherwise
+    assert seen == {(2**c, None) for c in plan_sections.KERNEL_CHUNKS}
+    assert PLANS['cpu'].kernel_once_up_to is not None
+    assert plan_for('cpu') == before == PLANS['cpu']
+    assert len(out['kernel']) == 6
+
+
+def test_official_order_runs_the_official_attention(monkeypatch):
+    """measure(official=True) (the mode 'official order', also in the memory section's
+    child processes) runs SOFT's attention in the official order through the plan, only
+    inside the measurement."""
+    from mmsoft.benchmark.common import build, measure
+    from mmsoft.models.attention import plan_for
+    from mmsoft.models.attention import soft as soft_attention_mod
+    calls, official = [], soft_attention_mod.official_order_attention
+
+    def recording(*args, **kwargs):
+        calls.append(plan_for('cpu').order)
+        return official(*args, **kwargs)
+
+    monkeypatch.setattr(soft_attention_mod, 'official_order_attention', recording)
+    model = build('SOFT-S', 'official order')
+    measure(model, (64, 64), 'cpu', repeat=0)
+    assert calls == []
+    measure(model, (64, 64), 'cpu', repeat=0, official=True)
+    assert calls and set(calls) == {'official'}
+    assert plan_for('cpu').order == 'thin'
+
+
+def test_child_measure_runs_in_a_fresh_process(tmp_path, monkeypatch, capsys):
+    """The memory and scaling sections' measurement in a child process imports
+    mmsoft.benchmark (not the CLI), from any working directory; a crashed child reads
+    as None, with its error printed."""
+    from mmsoft.benchmark.common import _child_measure
+    monkeypatch.chdir(tmp_path)
+    r = _child_measure('SOFT-S', 'official order', '64x64', 'cpu', 0)
+    assert r is not None and r['time'] > 0 and math.isfinite(r['peak_mb'])
+    assert _child_measure('no such backbone', 'auto', '64x64', 'cpu', 0) is None
+    assert 'no such backbone [auto] at 64x64 failed' in capsys.readouterr().out

@@ -5,20 +5,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import SOFT_FIXTURE_ARCH as FIXTURE_ARCH
-from conftest import data_path, rel_err
+from conftest import data_path, fixture_model, rel_err
 
 from mmsoft import checkpoint
 from mmsoft.models import SOFT
-from mmsoft.models.backbones.soft import LOCAL_CONV_LAYOUT, HeadSharedConv
+from mmsoft.models.attention import attention_plan
+from mmsoft.models.backbones.soft import HeadSharedConv
 
 CKPT = data_path('soft_public_checkpoint.pth')
-
-
-def fixture_model(**kwargs):
-    kwargs.setdefault('init_cfg', dict(type='Pretrained', checkpoint=CKPT))
-    model = SOFT(arch=FIXTURE_ARCH, drop_path_rate=0., **kwargs)
-    model.init_weights()
-    return model.eval()
 
 
 @pytest.fixture(scope='module')
@@ -59,14 +53,20 @@ def test_parity_tolerance_tells_newton_steps_apart(expected, iters):
 
 
 @pytest.mark.parametrize('layout', ['images', 'channels'])
-def test_parity_in_both_local_conv_layouts(expected, layout, monkeypatch):
-    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cpu', layout)
+def test_parity_in_both_local_conv_layouts(expected, layout, force_plan):
+    force_plan(local_conv_layout=layout, device='cpu')
     assert max_parity_error(expected) <= PARITY_TOL
 
 
-def test_local_conv_layouts_compute_the_official_conv(monkeypatch):
+def test_parity_in_the_official_order(expected, force_plan):
+    """The official computation order (the plan's reference) on the fixture."""
+    force_plan(order='official')
+    assert max_parity_error(expected) <= PARITY_TOL
+
+
+def test_local_conv_layouts_compute_the_official_conv():
     """Both layouts of the depthwise conv on V give the values and gradients of a conv of
-    every (head, channel) map with its head's filter; the device table picks the layout."""
+    every (head, channel) map with its head's filter; the device's plan picks the layout."""
     torch.manual_seed(0)
     B, h, d, (H, W), k = 2, 3, 4, (7, 9), 5
     conv = HeadSharedConv(h, d, k).double()
@@ -93,9 +93,12 @@ def test_local_conv_layouts_compute_the_official_conv(monkeypatch):
         conv.zero_grad()
     with pytest.raises(ValueError, match='layout'):
         conv(v0, (H, W), 'bogus')
-    monkeypatch.setitem(LOCAL_CONV_LAYOUT, 'cpu', 'bogus')  # no layout: the table's
-    with pytest.raises(ValueError, match='bogus'):
-        conv(v0, (H, W))
+    calls = []  # the grouped conv of the 'images' layout runs through _conv_forward
+    conv._conv_forward = lambda *a, _f=conv._conv_forward: calls.append(1) or _f(*a)
+    for layout in ('images', 'channels', 'images'):
+        with attention_plan(local_conv_layout=layout, device='cpu'):
+            conv(v0, (H, W))  # no layout given: the plan's
+    assert len(calls) == 2
 
 
 # Per layer, A⁺·Z of the fixture input vs the float64 iterate (same A and Z), max over the
@@ -486,7 +489,8 @@ def test_cuda_plan_waits_for_no_device(kwargs, monkeypatch):
     """What CUDA runs (its entries of the plan tables, on PyTorch's data-less meta device):
     no value is read back to the host (which raises on meta) and no host data is copied
     to the device. On a GPU either makes the host wait for the device in every forward."""
-    from mmsoft.analysis import LaunchCounter, device_plan
+    from mmsoft.models.attention import PLANS
+    from mmsoft.testing import LaunchCounter
     made_on_device = []
     for name in ('tensor', 'as_tensor'):
 
@@ -498,7 +502,7 @@ def test_cuda_plan_waits_for_no_device(kwargs, monkeypatch):
         monkeypatch.setattr(torch, name, on_device)
     model = SOFT(arch=FIXTURE_ARCH, **kwargs).to('meta')
     x = torch.zeros(2, 3, 64, 96, device='meta')
-    with device_plan('meta', like='cuda'), LaunchCounter() as count:
+    with attention_plan(PLANS['cuda'], device='meta'), LaunchCounter() as count:
         with torch.no_grad():
             model.eval()(x)
         sum(o.mean() for o in model.train()(x)).backward()

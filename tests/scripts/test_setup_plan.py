@@ -1,4 +1,4 @@
-"""tools/setup_plan.py: how mmcv's ops are built, decided from a faked machine."""
+"""scripts/setup_plan.py: how mmcv's ops are built, decided from a faked machine."""
 import os
 import os.path as osp
 import stat
@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
 
-import setup_plan  # noqa: E402
-from setup_plan import SetupStop, plan  # noqa: E402
+setup_plan = load_tool('scripts/setup_plan.py')
+SetupStop, plan = setup_plan.SetupStop, setup_plan.plan
 
 
 def test_no_gpu_builds_cpu_ops_whatever_torch_was_built_with():
@@ -65,7 +64,7 @@ def test_nvcc_found_through_cuda_home_and_path(tmp_path):
 
 def test_main_prints_shell_assignments():
     env = dict(os.environ, MMSOFT_MMCV_OPS='cpu')
-    res = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'setup_plan.py')],
+    res = subprocess.run([sys.executable, osp.join(ROOT, 'scripts', 'setup_plan.py')],
                          capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     out = subprocess.run(['bash', '-c', res.stdout + '\necho "$MMCV_OPS|$MMCV_BUILD_ENV"'],

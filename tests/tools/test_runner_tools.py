@@ -4,14 +4,13 @@ import os.path as osp
 import sys
 
 import pytest
+from conftest import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
 MINI = osp.join(ROOT, 'configs', '_mini_', 'retinanet_soft-t_fpn_mini-coco.py')
 
 
 def test_train_options_become_config_settings():
-    import train
+    train = load_tool('tools/train.py')
     cfg = train.build_cfg(train.parse_args([
         MINI, '--amp', '--resume', 'w/iter_4.pth', '--cfg-options', 'train_cfg.max_iters=7']))
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
@@ -24,7 +23,7 @@ def test_train_options_become_config_settings():
 
 
 def test_auto_scale_lr_needs_a_base_batch_size():
-    import train
+    train = load_tool('tools/train.py')
     args = train.parse_args([MINI, '--auto-scale-lr', '--cfg-options',
                              'auto_scale_lr.base_batch_size=16'])
     assert train.build_cfg(args).auto_scale_lr.enable is True

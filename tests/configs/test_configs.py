@@ -6,8 +6,8 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
+from conftest import ROOT
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(
     p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
     if '_base_' not in p)
@@ -41,8 +41,8 @@ def config_id(path):
 
 
 def build_model(cfg):
-    from mmsoft.analysis import build_model_from_config
-    return build_model_from_config(cfg)
+    from mmsoft.apis import init_model
+    return init_model(cfg)
 
 
 def det_batch(model, num_classes, with_mask, h=128, w=160):

@@ -2,18 +2,14 @@
 inputs of the analysis tools (images, checkpoints)."""
 import json
 import os.path as osp
-import sys
 
 import pytest
 import torch
-from conftest import SOFT_FIXTURE_ARCH, data_path, rel_err
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
+from conftest import ROOT, SOFT_FIXTURE_ARCH, data_path, load_tool, rel_err
 
 
 def test_convert_soft_checkpoint(tmp_path):
-    import convert_checkpoint
+    convert_checkpoint = load_tool('tools/model_converters/convert_checkpoint.py')
     from mmsoft.models import SOFT
     out = tmp_path / 'soft_backbone.pth'
     convert_checkpoint.main(['soft', data_path('soft_public_checkpoint.pth'), str(out)])
@@ -29,7 +25,7 @@ def test_convert_soft_checkpoint(tmp_path):
 
 
 def test_convert_sima_checkpoint(tmp_path):
-    import convert_checkpoint
+    convert_checkpoint = load_tool('tools/model_converters/convert_checkpoint.py')
     out = tmp_path / 'sima_backbone.pth'
     convert_checkpoint.main(['xcit_sima', data_path('sima_public_checkpoint.pth'), str(out)])
     keys = torch.load(out)['state_dict'].keys()
@@ -38,7 +34,7 @@ def test_convert_sima_checkpoint(tmp_path):
 
 
 def test_mini_dataset_is_deterministic_and_valid(tmp_path):
-    import make_mini_dataset
+    make_mini_dataset = load_tool('tools/misc/make_mini_dataset.py')
     for name in ('a', 'b'):
         make_mini_dataset.main(['--out', str(tmp_path / name), '--train', '6', '--val', '2'])
     ann_a = (tmp_path / 'a/mini_coco/annotations/instances_train.json').read_text()
@@ -58,47 +54,45 @@ def test_mini_dataset_is_deterministic_and_valid(tmp_path):
 
 
 def test_load_image_tells_missing_corrupt_and_unknown_apart(tmp_path):
-    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
-    import _common
+    from mmsoft.apis import inference
     with pytest.raises(FileNotFoundError, match='no such image file'):
-        _common.load_image(str(tmp_path / 'missing.jpg'))
+        inference.load_image(str(tmp_path / 'missing.jpg'))
     corrupt = tmp_path / 'corrupt.png'
     corrupt.write_bytes(b'\x89PNG\r\n\x1a\n' + b'not really a png')
     with pytest.raises(ValueError, match='exists but is not a readable image'):
-        _common.load_image(str(corrupt))
+        inference.load_image(str(corrupt))
     with pytest.raises(ValueError, match='neither an image file nor a scikit-image sample'):
-        _common.load_image('no_such_sample')
+        inference.load_image('no_such_sample')
     # any other attribute of skimage.data is refused, not called (this one downloads)
     import skimage.data
     assert callable(skimage.data.download_all)
     with pytest.raises(ValueError, match='astronaut, camera'):
-        _common.load_image('download_all')
-    img = _common.load_image('coffee', 100)
+        inference.load_image('download_all')
+    img = inference.load_image('coffee', 100)
     assert img.shape == (100, 150, 3) and img.dtype.name == 'uint8'
     from PIL import Image
     Image.fromarray(img).save(tmp_path / 'ok.png')
-    assert (_common.load_image(str(tmp_path / 'ok.png')) == img).all()
+    assert (inference.load_image(str(tmp_path / 'ok.png')) == img).all()
 
 
 def test_checkpoint_from_a_work_dir(tmp_path, monkeypatch):
     """--checkpoint WORK_DIR: the file its last_checkpoint names, also when the work dir
     was moved or the command runs elsewhere (last_checkpoint holds the training path)."""
-    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
-    import _common
+    from mmsoft.apis import inference
     wd = tmp_path / 'work_dirs' / 'quickstart'
     wd.mkdir(parents=True)
     (wd / 'iter_400.pth').write_bytes(b'')
     (wd / 'last_checkpoint').write_text('work_dirs/quickstart/iter_400.pth')
     monkeypatch.chdir(tmp_path)
-    assert _common.resolve_checkpoint('work_dirs/quickstart') == \
+    assert inference.resolve_checkpoint('work_dirs/quickstart') == \
         'work_dirs/quickstart/iter_400.pth'
     monkeypatch.chdir(wd)
-    assert _common.resolve_checkpoint('.') == './iter_400.pth'
-    assert _common.resolve_checkpoint(None) is None
+    assert inference.resolve_checkpoint('.') == './iter_400.pth'
+    assert inference.resolve_checkpoint(None) is None
     with pytest.raises(FileNotFoundError, match='last_checkpoint'):
-        _common.resolve_checkpoint(str(tmp_path))
+        inference.resolve_checkpoint(str(tmp_path))
     with pytest.raises(FileNotFoundError, match='no such checkpoint'):
-        _common.resolve_checkpoint(str(tmp_path / 'nope.pth'))
+        inference.resolve_checkpoint(str(tmp_path / 'nope.pth'))
 
 
 @pytest.mark.parametrize('config', ['retinanet_soft-t_fpn_mini-coco.py',

@@ -19,9 +19,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from mmsoft.checkpoint import load as mmsoft_load
-from conftest import run, untrained_checkpoint
+from conftest import ROOT, run, untrained_checkpoint
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
 MINI_CFG = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
 BOX = (28, 36, 92, 100)  # x1, y1, x2, y2 of the one object in every image

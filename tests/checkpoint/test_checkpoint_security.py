@@ -23,13 +23,12 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from conftest import data_path
+from conftest import ROOT, data_path
 from torch._tensor import _rebuild_from_type_v2
 
 import mmsoft  # noqa: F401  (guards mmengine's checkpoint loading)
 from mmsoft import checkpoint as mmsoft_checkpoint
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ONEDL_MMENGINE = 'onedl-mmengine==0.10.12'
 
 

@@ -4,8 +4,7 @@ import os
 import os.path as osp
 
 import torch
-
-DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
+from conftest import DATA
 
 
 def test_fixture_checksums():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmsoft.models import SOFT, XCiTSimA
+from conftest import ROOT
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SIZES = [(32, 32), (33, 47), (97, 131), (300, 2000), (2000, 300)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -124,8 +124,8 @@ def test_minimum_sizes_are_documented_errors():
 
 
 def _build(cfg_rel):
-    from mmsoft.analysis import build_model_from_config
-    return build_model_from_config(osp.join(ROOT, 'configs', cfg_rel)).eval()
+    from mmsoft.apis import init_model
+    return init_model(osp.join(ROOT, 'configs', cfg_rel)).eval()
 
 
 @pytest.mark.parametrize('cfg', ['soft/retinanet_soft-t_fpn_1x_coco.py',

@@ -1,12 +1,10 @@
 """ONNX export keeps the model as it was and refuses what it cannot express."""
 import os.path as osp
-import sys
 
 import pytest
 import torch
+from conftest import ROOT, load_tool
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'deployment'))
 
 pytest.importorskip('onnx')
 
@@ -22,7 +20,7 @@ def _tiny_soft(method):
 
 
 def test_export_restores_the_models_method(tmp_path):
-    import export_onnx
+    export_onnx = load_tool('tools/deployment/export_onnx.py')
     model, layers = _tiny_soft('spectral')
     export_onnx.export(model, str(tmp_path / 'soft.onnx'), sample_hw=(64, 64))
     assert osp.getsize(tmp_path / 'soft.onnx') > 0
@@ -30,7 +28,7 @@ def test_export_restores_the_models_method(tmp_path):
 
 
 def test_export_refuses_regularized(tmp_path):
-    import export_onnx
+    export_onnx = load_tool('tools/deployment/export_onnx.py')
     model, layers = _tiny_soft('regularized')
     with pytest.raises(ValueError, match='regularized'):
         export_onnx.export(model, str(tmp_path / 'soft.onnx'), sample_hw=(64, 64))

@@ -13,9 +13,8 @@ import torch
 
 from mmsoft.checkpoint import load as mmsoft_load  # weights_only with what mmengine saves
 from mmsoft.compat import installed_version
-from conftest import run, untrained_checkpoint
+from conftest import ROOT, run, untrained_checkpoint
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PY = sys.executable
 DET_CFG = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
 SEG_CFG = osp.join(ROOT, 'configs/_mini_/upernet_soft-t_mini-ade.py')
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.slow
 def workdir(tmp_path_factory):
     """A folder with data/mini_coco and data/mini_ade, the configs' relative data roots."""
     d = tmp_path_factory.mktemp('e2e')
-    run([PY, osp.join(ROOT, 'tools/make_mini_dataset.py'), '--out', str(d / 'data')], d)
+    run([PY, osp.join(ROOT, 'tools/misc/make_mini_dataset.py'), '--out', str(d / 'data')], d)
     return d
 
 

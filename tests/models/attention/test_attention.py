@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mmsoft.analysis import HARD_KERNELS, hard_problem, relative_deviation
+from mmsoft.testing import HARD_KERNELS, hard_problem, relative_deviation
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
@@ -128,12 +128,12 @@ def test_gaussian_kernel_gradient():
 
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 @pytest.mark.parametrize('chunk', [None, 2 * 3 * 12 * 7])
-def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, monkeypatch):
+def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, force_plan):
     """A⁺ applied without forming it and P recomputed in backward (in one chunk or in
     row chunks): same values and Eq. 16 gradients as forming both and keeping P. (In
     float64 'tf32' is the 'iterative' code: TF32 rounds float32 operands only.)"""
     if chunk:
-        monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (chunk, None))
+        force_plan(kernel_chunk=chunk, kernel_once_up_to=None, device='cpu')
     q = (torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5).requires_grad_()
     v = torch.randn(2, 3, 50, 8, dtype=torch.float64, requires_grad=True)
@@ -241,7 +241,7 @@ def test_inverse_is_float32_under_autocast(monkeypatch):
 
     assert deviation() < 0.02
     assert seen == [(torch.float32, torch.float32)]
-    monkeypatch.setattr(soft_mod, '_float_dtype', lambda t: torch.bfloat16)
+    monkeypatch.setattr(soft_mod, 'compute_dtype', lambda t: torch.bfloat16)
     deviation()
     assert seen == [(torch.bfloat16, torch.bfloat16)]  # what the guard prevents
     monkeypatch.undo()
@@ -300,9 +300,9 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize('transpose', [False, True])
-def test_kernel_matmul_gradcheck(transpose, monkeypatch):
+def test_kernel_matmul_gradcheck(transpose, force_plan):
     """κ(q, l)·w and κ(q, l)ᵀ·w with P recomputed chunk by chunk in backward."""
-    monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (2 * 3 * 7 * 4, None))  # 6 chunks
+    force_plan(kernel_chunk=2 * 3 * 7 * 4, kernel_once_up_to=None, device='cpu')  # 6 chunks
     q = (torch.randn(2, 3, 23, 5, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(2, 3, 7, 5, dtype=torch.float64) * 0.5).requires_grad_()
     w = torch.randn(2, 3, 23 if transpose else 7, 4, dtype=torch.float64,
@@ -333,16 +333,16 @@ def test_training_does_not_keep_the_kernel():
     assert all(torch.isfinite(t.grad).all() for t in (q, lm, v))
 
 
-def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch):
+def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch, force_plan):
     """A training step over k row chunks of P: every further chunk adds its four kernel
     evaluations (one product of the kernel features, clamp, exp) and twelve products,
     and no copies or norms (V in the layout a SOFT block makes it, batch 2: before the
     features, its chunks were copied in every product)."""
-    from mmsoft.analysis import LaunchCounter
+    from mmsoft.testing import LaunchCounter
     B, h, N, m, d = 2, 3, 48, 12, 8
     counts = {}
     for k in (2, 4):
-        monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (B * h * m * N // k, None))
+        force_plan(kernel_chunk=B * h * m * N // k, kernel_once_up_to=None, device='cpu')
         q = (torch.randn(B, N, h, d).transpose(1, 2) * 0.5).requires_grad_()
         lm = (torch.randn(B, h, m, d) * 0.5).requires_grad_()
         v = torch.randn(B, N, h, d).transpose(1, 2).requires_grad_()
@@ -358,7 +358,7 @@ def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch):
 
 
 @pytest.mark.parametrize('once_up_to', [None, 2 * 3 * 50 * 12 - 1])
-def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch):
+def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch, force_plan):
     """Without gradients P is made whole up to the device's ``once_up_to`` elements and
     in row chunks above it (computed twice, never whole); the output is the same."""
     q = torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5
@@ -374,7 +374,7 @@ def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch):
         return kernel(fa, fb)
 
     monkeypatch.setattr(attention.soft, '_kernel', recording_kernel)
-    monkeypatch.setitem(attention.KERNEL_PLAN, 'cpu', (2 * 3 * 12 * 20, once_up_to))
+    force_plan(kernel_chunk=2 * 3 * 12 * 20, kernel_once_up_to=once_up_to, device='cpu')
     with torch.no_grad():
         out = soft_attention(q, lm, v)
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-13)
@@ -419,7 +419,7 @@ def test_round_tf32_keeps_ten_mantissa_bits():
 @pytest.mark.parametrize('kind', HARD_KERNELS)
 def test_default_paths_meet_the_official_float32_floor(kind, m):
     """Each default path's deviation ≤ 2× the floor. Measured with
-    ``tools/analysis/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7`` (m = 64, 196; all
+    ``tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7`` (m = 64, 196; all
     threads, and OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default): 'iterative' ≤ 1.54×,
     'spectral' ≤ 0.19×; here (seed 0) ≤ 1.43×. What the paths did before (20 steps
     applied to Z, plain float32 eigh) was up to 270× / 400× (test below)."""
@@ -468,7 +468,7 @@ def test_the_floor_catches_inaccurate_schedules(monkeypatch):
 def test_split_tf32_meets_the_floor(kind, monkeypatch):
     """'tf32x3' (each float32 product from three TF32 products of split operands, emulated
     here; opt-in: slower than float32 on an H100) stays within 2× of the official float32
-    iteration, in inference and training: ≤ 1.40× measured (`tools/analysis/pinv_accuracy.py
+    iteration, in inference and training: ≤ 1.40× measured (`tools/analysis_tools/pinv_accuracy.py
     --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`, both numeric configurations of .ci/run).
     Without the lo terms (a plain TF32 product) it misses the floor by far."""
     A, Z, ref, floor = hard_problem(kind, 196)

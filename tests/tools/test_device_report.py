@@ -1,12 +1,20 @@
-"""tools/device_report.py: the one command a lent GPU machine runs, checked on the CPU."""
+"""tools/analysis_tools/device_report.py: the one command a lent GPU machine runs,
+checked on the CPU."""
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from conftest import ROOT, load_tool
 
-from tools import device_report  # noqa: E402
+
+device_report = load_tool('tools/analysis_tools/device_report.py')
+
+
+def test_report_finds_the_repository():
+    """The steps run in the repository root, where the benchmark and tests/ are."""
+    assert osp.samefile(device_report.ROOT, ROOT)
+    assert osp.isfile(osp.join(device_report.ROOT, device_report.BENCHMARK))
+    assert osp.isdir(osp.join(device_report.ROOT, 'tests'))
 
 
 def test_report_runs_its_steps(tmp_path):
@@ -19,7 +27,8 @@ def test_report_runs_its_steps(tmp_path):
     assert '## pinv: ' in report and '## detector: ' in report
     assert '## fp32' not in report  # not selected
     assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
-    assert 'tools/benchmark.py --device cpu --sections pinv --sizes 64x64' in report
+    assert ('tools/analysis_tools/benchmark.py --device cpu --sections pinv --sizes 64x64'
+            in report)
     assert '--detector-size 128x160 --json' in report
     assert '| RetinaNet | SOFT-S |' in report  # the detector table
     assert '\n### detector\n' in report  # the benchmark's headings below the step's

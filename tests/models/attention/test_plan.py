@@ -1,0 +1,134 @@
+"""The attention plan: one immutable entry per device type, forced per block of code."""
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from mmsoft.models import attention
+from mmsoft.models.attention import (DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan,
+                                     plan_for, resolve_pinv_method, soft_attention)
+
+
+def test_plans_are_immutable():
+    with pytest.raises(TypeError):
+        PLANS['cpu'] = DEFAULT_PLAN
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PLANS['cpu'].kernel_chunk = 1
+    assert plan_for('mps') is DEFAULT_PLAN  # no measurements there: CUDA's plan
+    assert plan_for('cpu') is PLANS['cpu']
+
+
+def test_auto_reads_the_plan():
+    assert [resolve_pinv_method('auto', m, 'cpu') for m in (128, 129)] == [
+        'iterative', 'spectral']
+    assert resolve_pinv_method('auto', 1050, 'cuda') == 'iterative'
+    with attention_plan(pinv='spectral', device='cuda'):
+        assert resolve_pinv_method('auto', 16, 'cuda') == 'spectral'
+        assert resolve_pinv_method('auto', 16, 'cpu') == 'iterative'  # not forced there
+        assert resolve_pinv_method('iterative', 16, 'cuda') == 'iterative'  # not 'auto'
+    assert resolve_pinv_method('auto', 16, 'cuda') == 'iterative'
+
+
+def test_forced_choices_nest_and_are_restored():
+    with attention_plan(kernel_chunk=64) as outer:
+        assert plan_for('cpu').kernel_chunk == plan_for('xpu').kernel_chunk == 64
+        assert outer.kernel_chunk == 64
+        with attention_plan(PLANS['cpu'], device='meta'):
+            assert plan_for('meta') == PLANS['cpu']  # a whole plan, the inner block's
+            assert plan_for('cpu').kernel_chunk == 64
+        assert plan_for('meta').kernel_chunk == 64
+        # other fields keep each device's own value
+        assert plan_for('cpu').local_conv_layout == 'channels'
+        assert plan_for('cuda').local_conv_layout == 'images'
+    assert plan_for('cpu') is PLANS['cpu'] and plan_for('meta') is DEFAULT_PLAN
+    with pytest.raises(RuntimeError), attention_plan(order='official'):
+        raise RuntimeError  # an error in the block restores the plan too
+    assert plan_for('cpu').order == 'thin'
+
+
+@pytest.mark.parametrize('choices, error', [
+    (dict(chunk=4), TypeError),  # not a field
+    (dict(local_conv_layout='bogus'), ValueError),
+    (dict(pinv='auto'), ValueError),  # a plan names concrete methods
+    (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry for every m
+    (dict(kernel_chunk=0), ValueError),
+    (dict(order='fast'), ValueError),
+])
+def test_bad_choices_are_refused(choices, error):
+    with pytest.raises(error):
+        with attention_plan(**choices):
+            pass
+    assert plan_for('cpu') is PLANS['cpu']
+    with pytest.raises(TypeError, match='AttentionPlan'):
+        with attention_plan(dict(order='thin')):
+            pass
+
+
+def test_forced_plans_are_thread_local():
+    seen = {}
+
+    def other():
+        seen['other'] = plan_for('cpu').kernel_chunk
+
+    with attention_plan(kernel_chunk=64, device='cpu'):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        seen['this'] = plan_for('cpu').kernel_chunk
+    assert seen == {'other': PLANS['cpu'].kernel_chunk, 'this': 64}
+
+
+def test_compiled_code_sees_the_forced_plan():
+    """Dynamo guards on the plan it read: a forced plan recompiles, it is never stale."""
+
+    @torch.compile(fullgraph=True, backend='eager')
+    def chunk_times(x):
+        return x * plan_for(x.device.type).kernel_chunk
+
+    x = torch.ones(2)
+    torch.compiler.reset()
+    assert chunk_times(x)[0] == PLANS['cpu'].kernel_chunk
+    with attention_plan(kernel_chunk=3):
+        assert chunk_times(x)[0] == 3
+    assert chunk_times(x)[0] == PLANS['cpu'].kernel_chunk
+
+
+def test_official_order_is_a_forced_choice(monkeypatch):
+    q = torch.randn(2, 3, 40, 8, dtype=torch.float64) * 0.5
+    lm = torch.randn(2, 3, 10, 8, dtype=torch.float64) * 0.5
+    v = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+    calls = []
+    official = attention.soft.official_order_attention
+    monkeypatch.setattr(attention.soft, 'official_order_attention',
+                        lambda *a: calls.append(1) or official(*a))
+    ours = soft_attention(q, lm, v)
+    with attention_plan(order='official'):
+        ref = soft_attention(q, lm, v)
+    assert calls == [1]
+    # float64: the two orders differ by rounding only
+    assert torch.allclose(ours, ref, rtol=1e-9, atol=1e-10)
+
+
+def test_backward_chunks_as_its_forward_did(monkeypatch):
+    """The chunk of P is fixed when the forward runs: a backward outside the block (or on
+    autograd's device thread, which has its own plan) recomputes P in the same chunks."""
+    q = (torch.randn(1, 2, 30, 4, dtype=torch.float64) * 0.5).requires_grad_()
+    lm = (torch.randn(1, 2, 6, 4, dtype=torch.float64) * 0.5).requires_grad_()
+    v = torch.randn(1, 2, 30, 4, dtype=torch.float64, requires_grad=True)
+    rows = []
+    kernel = attention.soft._kernel
+    monkeypatch.setattr(attention.soft, '_kernel',
+                        lambda fa, fb: rows.append(fa.shape[-2]) or kernel(fa, fb))
+    with attention_plan(kernel_chunk=2 * 6 * 10, device='cpu'):  # 10 rows a chunk
+        out = soft_attention(q, lm, v, pinv_method='iterative')
+    forward = list(rows)
+    out.sum().backward()
+    assert set(forward[:3]) == {10} and set(rows[len(forward):]) == {10}
+
+
+def test_a_plan_is_data():
+    plan = AttentionPlan(pinv='spectral', kernel_chunk=7)
+    assert plan.pinv == ((None, 'spectral'), ) and plan.pinv_method(10**6) == 'spectral'
+    assert dataclasses.replace(plan, kernel_chunk=8) == AttentionPlan(pinv='spectral',
+                                                                      kernel_chunk=8)
