@@ -1,6 +1,6 @@
 """What every benchmark section shares: the models by name (``build``, ``SOFT_MODES``), one
 timed measurement (``measure``), the same measurement in a fresh process for peak memory
-(``_child_measure`` starts ``child``), and the formatting of sizes and times.
+(``child_measure`` starts ``child``), and the formatting of sizes and times.
 
 Paths the sections read (the parity fixture in tests/data/, the detector configs) are
 resolved against the checkout mmsoft is imported from (``repo_file``).
@@ -92,7 +92,7 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
-def _soft_modes(args, modes):
+def soft_modes(args, modes):
     """The SOFT modes worth timing on this device ('tf32', 'tf32x3': only emulated off
     CUDA)."""
     return [m for m in modes if m not in ('tf32', 'tf32x3') or args.device == 'cuda']
@@ -128,7 +128,7 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
         for i in range(repeat + 1):
             if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
                 torch.compiler.cudagraph_mark_step_begin()
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             with torch.autocast(device_type=device, dtype=AMP_DTYPES.get(amp),
                                 enabled=amp is not None):
@@ -139,31 +139,31 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
                 else:
                     with torch.no_grad():
                         run(x)
-            _sync(device)
+            sync(device)
             if i > 0 or repeat == 0:
                 times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
 
-def _sync(device):
+def sync(device):
     if device == 'cuda':
         torch.cuda.synchronize()
 
 
-def _time_call(args, fn, runs=3, warmup=True):
+def time_call(args, fn, runs=3, warmup=True):
     """Mean seconds of ``fn()`` over ``runs`` calls (after one untimed warm-up call)."""
     if warmup:
         fn()
-    _sync(args.device)
+    sync(args.device)
     t0 = time.perf_counter()
     for _ in range(runs):
         fn()
-    _sync(args.device)
+    sync(args.device)
     return (time.perf_counter() - t0) / runs
 
 
 # ------------------------------------------------------- a measurement in its own process
-def _child_measure(name, mode, size, device, repeat, train=False, batch=1):
+def child_measure(name, mode, size, device, repeat, train=False, batch=1):
     """Run one measurement in a fresh process (``child``): time and peak memory of the
     step.
 
@@ -241,7 +241,7 @@ def fmt(s):
     return f'{s:.3f} s' if s < 100 else f'{s:.0f} s'
 
 
-def _faster(t_other, t_ours):
+def faster(t_other, t_ours):
     """'2.5× faster than' / '3.7× slower than': a ratio below one reads as slower."""
     r = t_other / t_ours
     return f'{r:.1f}× faster than' if r >= 1 else f'{1 / r:.1f}× slower than'

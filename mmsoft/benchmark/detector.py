@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from .common import _sync, fmt, parse_size, repo_file
+from .common import fmt, parse_size, repo_file, sync
 
 # The shipped SOFT-S detector configs (relative to the repository root, or to mmsoft/.mim
 # in an installed package); Swin-T replaces only the backbone (and the neck's input
@@ -69,14 +69,14 @@ def _detector_step(model, optim_wrapper, data, device, train):
     model.train(train)
     if device == 'cuda':
         torch.cuda.reset_peak_memory_stats()
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     if train:
         model.train_step(data, optim_wrapper)
     else:
         with torch.no_grad():
             model.test_step(data)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
     return seconds, torch.cuda.max_memory_allocated() if device == 'cuda' else None
 

@@ -1,4 +1,4 @@
-"""Peak memory, each measurement in a fresh process (``common._child_measure``):
+"""Peak memory, each measurement in a fresh process (``common.child_measure``):
 
   memory   at the largest ``--sizes`` entry: one forward at batch 1 and one training step
            at ``--train-batch`` images, for SOFT-S modes, the official computation order
@@ -9,7 +9,7 @@
 """
 import numpy as np
 
-from .common import _child_measure, _soft_modes, fmt, parse_size
+from .common import child_measure, fmt, parse_size, soft_modes
 
 SCALING_SERIES = (('SOFT-S', 'auto'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
                   ('PVT-S softmax (no SR)', None), ('Swin-T', None))
@@ -27,7 +27,7 @@ def section_scaling(args, out):
             if 'softmax' in name and h * w > args.softmax_max_pixels:
                 r = 'skipped'  # N² attention matrices would not fit in memory
             else:
-                r = _child_measure(name, mode or 'auto', size, args.device, args.repeat)
+                r = child_measure(name, mode or 'auto', size, args.device, args.repeat)
                 r = 'failed' if r is None else r
             results.setdefault(label, {})[size] = r
         print(f'  swept {label}', flush=True)
@@ -70,7 +70,7 @@ def section_memory(args, out):
     """Peak memory at the largest ``--sizes`` entry, each model and step in its own
     process: a forward at batch 1 and a training step at ``--train-batch`` images."""
     size, b = args.sizes[-1], args.train_batch
-    series = [('SOFT-S', m) for m in _soft_modes(args, ('auto', 'tf32', 'regularized',
+    series = [('SOFT-S', m) for m in soft_modes(args, ('auto', 'tf32', 'regularized',
                                                         'grid16'))] + [('Swin-T', 'auto')]
     if not args.skip_official:
         series.insert(1, ('SOFT-S', 'official order'))
@@ -82,10 +82,10 @@ def section_memory(args, out):
         label = name + (f' [{mode}]' if name == 'SOFT-S' else '')
         # the official order: one warm-up and one timed run (it is slow on a CPU)
         repeat = min(args.repeat, 1) if mode == 'official order' else args.repeat
-        fwd = _child_measure(name, mode, size, args.device, repeat)
+        fwd = child_measure(name, mode, size, args.device, repeat)
         trn = None
         if mode != 'official order':  # the reference order, timed for inference only
-            trn = _child_measure(name, mode, size, args.device, repeat, train=True,
+            trn = child_measure(name, mode, size, args.device, repeat, train=True,
                                  batch=b)
         rows[label] = dict(forward=fwd, train=trn)
         print(f'  measured {label}', flush=True)

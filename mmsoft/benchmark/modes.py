@@ -11,8 +11,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from .common import (SOFT_MODES, _soft_modes, build, fmt, measure, official_order,
-                     parse_size, repo_file)
+from .common import (SOFT_MODES, build, fmt, measure, official_order, parse_size, repo_file,
+                     soft_modes)
 
 
 def _float32_eigh_factors(A, alpha, iters):
@@ -94,7 +94,7 @@ def section_modes(args, out):
                 if k.startswith('fixture'):
                     dev_official = max(map(relative_deviation, outs, official))
         t = None
-        if mode in _soft_modes(args, [mode]):
+        if mode in soft_modes(args, [mode]):
             with MODE_CONTEXTS.get(mode, nullcontext)():
                 t = measure(build('SOFT-S', mode), hw, args.device,
                             0 if is_official else args.repeat)

@@ -18,7 +18,7 @@ import torch
 
 from mmsoft.models.attention import attention_plan
 
-from .common import _time_call, build, fmt, parse_size
+from .common import build, fmt, parse_size, time_call
 
 
 # ------------------------------------------------------------------------------- pinv
@@ -71,7 +71,7 @@ def section_pinv(args, out):
         t = {}
         with torch.no_grad():
             for name, fn in cols.items():
-                t[name] = _time_call(args, lambda: fn(A, Z))
+                t[name] = time_call(args, lambda: fn(A, Z))
         rows[m] = t
         lines.append(f'| {m} | 20 | ' + ' | '.join(f'{v * 1e3:.1f} ms' for v in t.values())
                      + ' |')
@@ -129,7 +129,7 @@ def section_dwconv(args, out):
                 v = _head_tokens(args, batch, hw, h, d).requires_grad_(step == 'train')
                 t = {}
                 for layout in layouts:
-                    t[layout] = _time_call(args, lambda: _dwconv_step(conv, v, hw, layout,
+                    t[layout] = time_call(args, lambda: _dwconv_step(conv, v, hw, layout,
                                                                       step == 'train'))
                 rows[f'{size} stage{s + 1} {step}'] = t
                 lines.append(f'| {size} | {s + 1} | {step} (batch {batch}) | '
@@ -191,7 +191,7 @@ def section_kernel(args, out):
     for r in range(args.rounds):
         for name, fns in cases.items():
             for k, fn in fns.items():
-                times[name][k].append(_time_call(args, fn, runs=1, warmup=r == 0))
+                times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
     cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS]
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}

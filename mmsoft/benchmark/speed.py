@@ -11,7 +11,7 @@
 """
 import numpy as np
 
-from .common import _faster, _soft_modes, build, fmt, measure, parse_size
+from .common import build, faster, fmt, measure, parse_size, soft_modes
 
 SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
@@ -50,7 +50,7 @@ def section_speed(args, out):
         lines.append('')
         for s in args.sizes:
             lines.append(f'SOFT-S (default mode) is '
-                         f'{_faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
+                         f'{faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
                          f'the official computation order at {s}.')
     lines += _compiled_lines(args, rows)
     for s in args.sizes:
@@ -82,7 +82,7 @@ def _compiled_lines(args, rows, soft_row='SOFT-S'):
         compiled_row = rows[f'{name} [compiled: {args.compile}]']
         for s in args.sizes:
             lines.append(f'{name} with torch.compile(mode={args.compile!r}) is '
-                         f'{_faster(eager_row[s], compiled_row[s])} eager at {s}.')
+                         f'{faster(eager_row[s], compiled_row[s])} eager at {s}.')
     return lines
 
 
@@ -91,7 +91,7 @@ def section_train(args, out):
     b = args.train_batch
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in _soft_modes(args, ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')):
+        for mode in soft_modes(args, ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
                 amp=args.amp)

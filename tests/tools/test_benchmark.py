@@ -66,7 +66,7 @@ def test_benchmark_sections(tmp_path, capsys):
     assert modes['tf32']['time'] is None and modes['tf32x3']['time'] is None  # emulated
     assert '| tf32 |' in printed and '– (emulated)' in printed
     # eigh in float32 (what 'spectral' was, timed for comparison): the same iterate on
-    # these inputs (its accuracy fails on hard kernels: tests/test_attention.py), and the
+    # these inputs (its accuracy fails on hard kernels: tests/models/attention/test_attention.py), and the
     # swap is undone afterwards
     assert modes['spectral, float32 eigh']['time'] > 0
     assert max(modes['spectral, float32 eigh']['deviation']) < 1e-5
@@ -183,11 +183,11 @@ def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
 
     def fake(name, mode, size, device, repeat, **kw):
         if size == '128x128':
-            return None  # what _child_measure returns for a crashed child
+            return None  # what child_measure returns for a crashed child
         n = parse_size(size)[0]
         return dict(time=n * 1e-3, peak_mb=float(n))
 
-    monkeypatch.setattr(memory, '_child_measure', fake)
+    monkeypatch.setattr(memory, 'child_measure', fake)
     args = argparse.Namespace(
         series=4, sweep=sweep, device='cpu', repeat=0, softmax_max_pixels=100 * 100,
         plot=None)
@@ -338,9 +338,9 @@ def test_child_measure_runs_in_a_fresh_process(tmp_path, monkeypatch, capsys):
     """The memory and scaling sections' measurement in a child process imports
     mmsoft.benchmark (not the CLI), from any working directory; a crashed child reads
     as None, with its error printed."""
-    from mmsoft.benchmark.common import _child_measure
+    from mmsoft.benchmark.common import child_measure
     monkeypatch.chdir(tmp_path)
-    r = _child_measure('SOFT-S', 'official order', '64x64', 'cpu', 0)
+    r = child_measure('SOFT-S', 'official order', '64x64', 'cpu', 0)
     assert r is not None and r['time'] > 0 and math.isfinite(r['peak_mb'])
-    assert _child_measure('no such backbone', 'auto', '64x64', 'cpu', 0) is None
+    assert child_measure('no such backbone', 'auto', '64x64', 'cpu', 0) is None
     assert 'no such backbone [auto] at 64x64 failed' in capsys.readouterr().out

@@ -5,7 +5,7 @@ near-rank-1, near-identity landmarks), size m and seed: the output deviation of 
 the float64 20-step iterate of the same float32 kernel, for the official code's float32
 iteration (the floor) and, as a ratio to it, for each ``pinv_method`` without gradients
 (inference) and with them (training). A default path must stay within 2× of the floor
-(tests/test_attention.py). 'tf32' and 'tf32x3' are emulated off CUDA.
+(tests/models/attention/test_attention.py). 'tf32' and 'tf32x3' are emulated off CUDA.
 
 Examples:
   python tools/analysis_tools/pinv_accuracy.py

@@ -25,7 +25,7 @@ floor is the official code's float32 iteration, 2V - (V·A)·V. On kernels that 
 for it (clustered, pooled, duplicated, near-rank-1 and near-identity landmarks, m = 32 to
 300) 'iterative' and 'spectral' stay within 1.6× and 0.2× of that floor's output
 deviation, in inference and training, over seeds and thread / SIMD settings
-(``tests/test_attention.py::test_default_paths_meet_the_official_float32_floor``).
+(``tests/models/attention/test_attention.py::test_default_paths_meet_the_official_float32_floor``).
 
 'regularized' (``regularized_apply``) is a fast mode that is *not* the iterate.
 Shapes: ... leading batch dimensions, m landmarks.
@@ -51,7 +51,7 @@ PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 # 5.6e-4, 18 TF32 + 2 float32 2.1e-5, 15 TF32 + 5 float32 4.4e-6. The float32 steps do
 # not repair the TF32 rounding in directions that are still converging (small
 # eigenvalues, where the iterate doubles errors instead of squaring them): on the hard
-# kernels of ``tests/test_attention.py`` (emulated TF32) 15 + 5 steps were up to 47× the
+# kernels of ``tests/models/attention/test_attention.py`` (emulated TF32) 15 + 5 steps were up to 47× the
 # official float32 iteration's deviation, and near-identity kernels (αλ² ≈ 2) can
 # diverge once A's entries are rounded to TF32. So 'tf32' is opt-in, never 'auto'.
 TF32_FP32_STEPS = 5

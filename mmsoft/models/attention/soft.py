@@ -74,7 +74,7 @@ def _row_chunks(fq, fl, chunk):
     Written over the number of chunks rather than ``range(0, N, step)``: under
     ``torch.compile`` that range fixes N (the token count) to its traced value, so every
     new image size compiled a new graph; this way a graph holds for every size with the
-    same number of chunks (tests/test_soft.py).
+    same number of chunks (tests/models/backbones/test_soft.py).
     """
     (b, N, _), m = fq.shape, fl.shape[-2]
     step = max(1, chunk // max(1, b * m))
