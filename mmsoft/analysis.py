@@ -1,6 +1,7 @@
 """Looking inside the backbones: SOFT's attention rows and SimA's token importance (SimA
-paper Fig. 3), Newton–Raphson convergence (SOFT paper Fig. 4), where the kernels' spectra sit against the
-iterate's convergence boundary, and the inverse's norms (Fig. 5b).
+paper Fig. 3), Newton–Raphson convergence (SOFT paper Fig. 4), where the kernels'
+spectra sit against the iterate's convergence boundary, and the inverse's norms
+(Fig. 5b).
 
 Every function works on a built backbone and an input batch and returns plain tensors /
 numbers (tools/analysis_tools/ draws them).

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))  # the repository
-DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
+DATA = osp.join(ROOT, 'tests', 'data')
 
 
 def data_path(name):

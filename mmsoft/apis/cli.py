@@ -28,7 +28,6 @@ def tool_parser(doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-
 def add_model_args(parser, backbone='SOFT:small'):
     """--backbone / --config / --checkpoint; ``backbone=None`` leaves --backbone out (tools
     that need a whole detector or segmentor)."""
@@ -44,7 +43,6 @@ def add_model_args(parser, backbone='SOFT:small'):
                         'the tool says so')
 
 
-
 def backbone_from_args(args):
     """The backbone the options name, and the weights tag for titles ('random weights'
     or the checkpoint's file name)."""
@@ -55,14 +53,12 @@ def backbone_from_args(args):
     return model, osp.basename(checkpoint)
 
 
-
 def warn_random_weights(what, consequence=''):
     """Say loudly that ``what`` runs without trained weights; returns the tag for titles."""
     logger.warning(f'{what} has RANDOM WEIGHTS (no --checkpoint): the output shows an '
                    f'untrained network{consequence}. Pass --checkpoint FILE (or a work dir) '
                    'for a trained one.')
     return RANDOM_WEIGHTS
-
 
 
 def setup_logging():
@@ -73,7 +69,6 @@ def setup_logging():
         handler.setFormatter(logging.Formatter('[%(levelname)s] %(message)s'))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-
 
 
 def model_name(args):

@@ -128,7 +128,7 @@ def section_detector(args, out):
     lines = [f'Images of {args.detector_size} (H×W, as resized by the pipeline; padded to '
              f'multiples of 32), {args.device}; training iteration at batch {b} with the '
              'optimizer step, test forward at batch 1.', '',
-             f'| detector | backbone | train iteration | vs Swin-T | test forward | vs Swin-T |'
+             '| detector | backbone | train iteration | vs Swin-T | test forward | vs Swin-T |'
              + (' peak train memory | vs Swin-T |' if peaks else ''),
              '|---|---|---|---|---|---|' + ('---|---|' if peaks else '')]
     for det in DETECTOR_CONFIGS:

@@ -1,14 +1,15 @@
-"""tools/analysis, tools/misc/demo.py and tools/deployment: run on small inputs, check outputs."""
+"""tools/analysis_tools, tools/misc/demo.py and tools/deployment: run on small inputs,
+check outputs."""
 import csv
 import logging
 import math
 import os.path as osp
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import (ROOT, SIMA_FIXTURE_ARCH, SOFT_FIXTURE_ARCH, data_path, load_tool, untrained_checkpoint)
+from conftest import (ROOT, SIMA_FIXTURE_ARCH, SOFT_FIXTURE_ARCH, data_path, load_tool,
+                      untrained_checkpoint)
 
 
 MINI_DET = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')

@@ -66,8 +66,8 @@ def test_benchmark_sections(tmp_path, capsys):
     assert modes['tf32']['time'] is None and modes['tf32x3']['time'] is None  # emulated
     assert '| tf32 |' in printed and '– (emulated)' in printed
     # eigh in float32 (what 'spectral' was, timed for comparison): the same iterate on
-    # these inputs (its accuracy fails on hard kernels: tests/models/attention/test_attention.py), and the
-    # swap is undone afterwards
+    # these inputs (its accuracy fails on hard kernels:
+    # tests/models/attention/test_attention.py), and the swap is undone afterwards
     assert modes['spectral, float32 eigh']['time'] > 0
     assert max(modes['spectral, float32 eigh']['deviation']) < 1e-5
     assert newton._spectral_factors is spectral_factors

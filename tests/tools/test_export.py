@@ -2,9 +2,7 @@
 import os.path as osp
 
 import pytest
-import torch
-from conftest import ROOT, load_tool
-
+from conftest import load_tool
 
 pytest.importorskip('onnx')
 

@@ -35,12 +35,7 @@ def test_auto_scale_lr_needs_a_base_batch_size():
 
 
 def test_test_tool_refuses_a_non_pickle_out():
-    import importlib.util
-    # by path: the stdlib has a package named ``test``
-    spec = importlib.util.spec_from_file_location('mmsoft_test_tool',
-                                                  osp.join(ROOT, 'tools', 'test.py'))
-    test_tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(test_tool)
+    test_tool = load_tool('tools/test.py')  # by path: the stdlib has a package ``test``
     with pytest.raises(SystemExit, match='.pkl'):
         test_tool.main([MINI, 'ckpt.pth', '--out', 'results.json'])
     args = test_tool.parse_args([MINI, 'ckpt.pth', '--work-dir', 'w'])

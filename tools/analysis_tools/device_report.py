@@ -63,7 +63,8 @@ BENCHMARK = osp.join('tools', 'analysis_tools', 'benchmark.py')
 # arguments override FULL's, SMALL's override both.
 STEPS = {
     'cuda-tests': ('base', None, 'pytest -m cuda'),
-    'pinv': ('base', ['--sections', 'pinv'], "pseudo-inverse by landmark count (the plan's pinv)"),
+    'pinv': ('base', ['--sections', 'pinv'],
+             "pseudo-inverse by landmark count (the plan's pinv)"),
     'layout': ('base', ['--sections', 'dwconv,kernel'],
                "depthwise-conv layout and kernel chunks (the plan's local_conv_layout, "
                'kernel_chunk, kernel_once_up_to)'),

@@ -87,7 +87,8 @@ def _mmcv_ops():
     feat = torch.arange(16.).view(1, 1, 4, 4)
     out = roi_align(feat, torch.tensor([[0., 0., 0., 3., 3.]]), (2, 2), 1.0, 2, 'avg', True)
     if out.shape != (1, 1, 2, 2) or not torch.isfinite(out).all():
-        return FAIL, f'{name}: roi_align failed on the CPU', 'rebuild mmcv (scripts/setup_env.sh)'
+        return (FAIL, f'{name}: roi_align failed on the CPU',
+                'rebuild mmcv (scripts/setup_env.sh)')
     cuda_ops = get_compiling_cuda_version()
     if cuda_ops in (None, 'not available'):
         if torch.cuda.is_available():

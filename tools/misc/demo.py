@@ -174,7 +174,8 @@ def main(argv=None):
     sources = args.image or inference.dataset_images(cfg, args.num_images)
     if not sources:
         parser.error(f"{args.config}'s test images are not there (for the mini configs: "
-                     'python tools/misc/make_mini_dataset.py); give IMAGE (file, folder, sample)')
+                     'python tools/misc/make_mini_dataset.py); give IMAGE (file, folder, '
+                     'sample)')
     images = collect_images(sources)
     checkpoint = inference.resolve_checkpoint(args.checkpoint)
     name = osp.splitext(osp.basename(args.config))[0]

@@ -25,7 +25,8 @@ floor is the official code's float32 iteration, 2V - (V·A)·V. On kernels that 
 for it (clustered, pooled, duplicated, near-rank-1 and near-identity landmarks, m = 32 to
 300) 'iterative' and 'spectral' stay within 1.6× and 0.2× of that floor's output
 deviation, in inference and training, over seeds and thread / SIMD settings
-(``tests/models/attention/test_attention.py::test_default_paths_meet_the_official_float32_floor``).
+(``tests/models/attention/test_attention.py``,
+``test_default_paths_meet_the_official_float32_floor``).
 
 'regularized' (``regularized_apply``) is a fast mode that is *not* the iterate.
 Shapes: ... leading batch dimensions, m landmarks.
@@ -51,9 +52,9 @@ PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 # 5.6e-4, 18 TF32 + 2 float32 2.1e-5, 15 TF32 + 5 float32 4.4e-6. The float32 steps do
 # not repair the TF32 rounding in directions that are still converging (small
 # eigenvalues, where the iterate doubles errors instead of squaring them): on the hard
-# kernels of ``tests/models/attention/test_attention.py`` (emulated TF32) 15 + 5 steps were up to 47× the
-# official float32 iteration's deviation, and near-identity kernels (αλ² ≈ 2) can
-# diverge once A's entries are rounded to TF32. So 'tf32' is opt-in, never 'auto'.
+# kernels of ``tests/models/attention/test_attention.py`` (emulated TF32) 15 + 5 steps
+# were up to 47× the official float32 iteration's deviation, and near-identity kernels
+# (αλ² ≈ 2) can diverge once A's entries are rounded to TF32. So 'tf32' is opt-in, never 'auto'.
 TF32_FP32_STEPS = 5
 
 
@@ -398,7 +399,8 @@ def regularized_apply(A, Z, iters=20):
     (1 - exp(-λ²/μ)) / λ: the exact inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ. The
     Tikhonov filter λ / (λ² + μ) has the same two limits, so with this μ it is a close
     stand-in (it deviates most, by up to ~20 % on that eigen-component, where λ² ≈ μ);
-    ``tools/analysis_tools/benchmark.py --sections modes`` reports the resulting output deviation.
+    ``tools/analysis_tools/benchmark.py --sections modes`` reports the resulting output
+    deviation.
     One m×m product and one Cholesky factorization replace the eigendecomposition;
     gradients are exact for this filter (autograd through the solve).
 

@@ -468,8 +468,9 @@ def test_the_floor_catches_inaccurate_schedules(monkeypatch):
 def test_split_tf32_meets_the_floor(kind, monkeypatch):
     """'tf32x3' (each float32 product from three TF32 products of split operands, emulated
     here; opt-in: slower than float32 on an H100) stays within 2× of the official float32
-    iteration, in inference and training: ≤ 1.40× measured (`tools/analysis_tools/pinv_accuracy.py
-    --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`, both numeric configurations of .ci/run).
+    iteration, in inference and training: ≤ 1.40× measured
+    (`tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`,
+    both numeric configurations of .ci/run).
     Without the lo terms (a plain TF32 product) it misses the floor by far."""
     A, Z, ref, floor = hard_problem(kind, 196)
     for grad in (False, True):
