@@ -6,7 +6,7 @@ import sys
 from setuptools import find_packages, setup
 
 ROOT = osp.dirname(osp.abspath(__file__))
-MIM_FILES = ['configs', 'tools', 'README.md']
+MIM_FILES = ['configs', 'tools', 'README.md', 'model-index.yml']
 
 
 def read_version():
@@ -16,9 +16,16 @@ def read_version():
     return ns['__version__']
 
 
+def read_readme():
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        return f.read()
+
+
 def add_mim_extension():
-    """Put configs/ and tools/ into mmsoft/.mim, where `mim train/test mmsoft` look for
-    them: symbolic links for an editable (develop) install, copies for a wheel."""
+    """Put configs/, tools/ and model-index.yml into mmsoft/.mim, where `mim train/test
+    mmsoft` look for the configs and tools and `mim search mmsoft` for the model index
+    (which imports configs/*/metafile.yml): symbolic links for an editable (develop)
+    install, copies for a wheel."""
     editable = any(cmd in sys.argv for cmd in ('develop', 'editable_wheel'))
     mim_dir = osp.join(ROOT, 'mmsoft', '.mim')
     os.makedirs(mim_dir, exist_ok=True)
@@ -46,6 +53,26 @@ setup(
     version=read_version(),
     description='SOFT and XCiT-SimA softmax-free backbones for MMDetection, '
     'MMSegmentation and MMPretrain',
+    long_description=read_readme(),
+    long_description_content_type='text/markdown',
+    keywords='computer vision, vision transformer, softmax-free attention, linear '
+    'attention, SOFT, SimA, XCiT, object detection, semantic segmentation, OpenMMLab',
+    # the LICENSE file is picked up by setuptools' default license_files; no 'License ::'
+    # classifier, which setuptools >= 77 deprecates in favour of the license field
+    license='Apache License 2.0',
+    classifiers=[
+        'Operating System :: OS Independent',
+        'Programming Language :: Python :: 3',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+        'Topic :: Scientific/Engineering :: Image Recognition',
+    ],
+    project_urls={
+        'SOFT paper (IJCV 2024)': 'https://arxiv.org/abs/2207.03341',
+        'SOFT paper (NeurIPS 2021)': 'https://arxiv.org/abs/2110.11945',
+        'SOFT official code': 'https://github.com/fudan-zvg/SOFT',
+        'SimA paper (WACV 2024)': 'https://arxiv.org/abs/2206.08898',
+        'SimA official code': 'https://github.com/UCDvision/sima',
+    },
     packages=find_packages(include=['mmsoft', 'mmsoft.*']),
     python_requires='>=3.8',
     # mmengine and mmcv come from one of two stacks with the same import names but
@@ -60,6 +87,8 @@ setup(
                   'onedl-mmsegmentation==1.4.2', 'onedl-mmpretrain==1.3.6', 'ftfy',
                   'regex'],
     },
-    package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/tools/**/*', '.mim/README.md']},
+    package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/configs/**/*.yml',
+                             '.mim/configs/**/*.md', '.mim/tools/**/*', '.mim/README.md',
+                             '.mim/model-index.yml']},
     zip_safe=False,
 )

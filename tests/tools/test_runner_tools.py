@@ -43,7 +43,8 @@ def test_test_tool_refuses_a_non_pickle_out():
 
 
 def test_wheel_ships_every_config_and_tool(tmp_path):
-    """`pip install .` must give mim every config and tool (subfolders included)."""
+    """`pip install .` must give mim every config and tool (subfolders included), and the
+    model index with its metafiles (`mim search mmsoft`)."""
     import shutil
     import subprocess
     import zipfile
@@ -60,7 +61,8 @@ def test_wheel_ships_every_config_and_tool(tmp_path):
     wheel, = (tmp_path / 'dist').glob('mmsoft-*.whl')
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {'mmsoft/.mim/' + f for f in files
-              if f.startswith(('tools/', 'configs/')) and f.endswith(('.py', '.sh'))
-              and osp.isfile(osp.join(ROOT, f))}
+              if f.startswith(('tools/', 'configs/'))
+              and f.endswith(('.py', '.sh', '.yml', '.md')) and osp.isfile(osp.join(ROOT, f))}
     assert wanted and not wanted - names, sorted(wanted - names)
-    assert 'mmsoft/.mim/README.md' in names
+    assert 'mmsoft/.mim/configs/soft/metafile.yml' in wanted
+    assert {'mmsoft/.mim/README.md', 'mmsoft/.mim/model-index.yml'} <= names

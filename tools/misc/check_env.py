@@ -7,7 +7,8 @@ Checks torch (and whether it sees a GPU), mmengine and mmcv (which distribution:
 OpenMMLab releases or the OneDL continuation), whether mmcv's compiled ops run on the CPU
 and, where torch sees a GPU, on CUDA; whether mmdet / mmseg / mmpretrain import (the
 transformers >= 5 trap of mmpretrain 1.2 is named with its fix), and whether mmsoft imports
-and `mim` finds its tools. Exits 1 when something mmsoft needs is missing or broken.
+and `mim` finds its tools and model index. Exits 1 when something mmsoft needs is missing
+or broken.
 """
 import argparse
 import os
@@ -128,9 +129,10 @@ def _mmsoft():
 
 
 def _mim():
-    """Where `mim train mmsoft` finds the tools: asked in a fresh interpreter outside the
-    repository, as mim's console script runs (a clone's mmsoft.egg-info in the working
-    directory would otherwise shadow the installed metadata)."""
+    """Where `mim train mmsoft` finds the tools and `mim search mmsoft` the model index:
+    asked in a fresh interpreter outside the repository, as mim's console script runs (a
+    clone's mmsoft.egg-info in the working directory would otherwise shadow the installed
+    metadata)."""
     import subprocess
     code = 'from mim.utils import get_installed_path; print(get_installed_path("mmsoft"))'
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
@@ -140,11 +142,18 @@ def _mim():
             'pip install openmim (or onedl-mim)'
     root = res.stdout.strip().splitlines()[-1] if res.returncode == 0 else ''
     # openmim: <package>/.mim/tools; onedl-mim also falls back to <root>/tools (editable)
-    for tools in (os.path.join(root, '.mim', 'tools'), os.path.join(root, 'tools')):
-        if root and os.path.isfile(os.path.join(tools, 'train.py')):
-            return OK, f'mim finds mmsoft\'s tools in {tools}', None
-    return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
-        'install mmsoft: pip install -e . (in the repository)')
+    tools = [t for t in (os.path.join(root, '.mim', 'tools'), os.path.join(root, 'tools'))
+             if root and os.path.isfile(os.path.join(t, 'train.py'))]
+    if not tools:
+        return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
+            'install mmsoft: pip install -e . (in the repository)')
+    # `mim search mmsoft` reads the first of these (both mims)
+    index = [i for i in (os.path.join(root, '.mim', 'model-index.yml'),
+                         os.path.join(root, 'model-index.yml')) if os.path.isfile(i)]
+    if not index:
+        return WARN, f'mim finds mmsoft\'s tools in {tools[0]} but no model-index.yml ' \
+            '(mim search mmsoft)', 'reinstall mmsoft: pip install -e . (in the repository)'
+    return OK, f'mim finds mmsoft\'s tools in {tools[0]} and its model index', None
 
 
 def checks():
