@@ -1,4 +1,4 @@
-# Mask R-CNN, XCiT-S12/16-SimA, COCO 3x: the SimA paper's recipe (SPEC 2.5): AdamW lr 1e-4,
+# Mask R-CNN, XCiT-S12/16-SimA, COCO 3x: the SimA paper's recipe: AdamW lr 1e-4,
 # weight decay 0.05, 36 epochs (steps at 27 and 33), batch 16 = 8 GPUs x 2 images,
 # DETR-style multi-scale augmentation (short side 480-800, random crop), FPN on blocks
 # 4, 6, 8, 12. Paper: 44.8 box / 40.3 mask AP, 44.3M params.

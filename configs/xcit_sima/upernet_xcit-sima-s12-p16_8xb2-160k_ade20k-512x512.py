@@ -1,5 +1,5 @@
 # UperNet, XCiT-S12/16-SimA, ADE20K 512x512, 160k iterations: XCiT's ADE20K recipe
-# (SPEC 2.5): AdamW lr 6e-5, weight decay 0.01, 1500 warm-up iterations then poly decay
+# (XCiT paper): AdamW lr 6e-5, weight decay 0.01, 1500 warm-up iterations then poly decay
 # (power 1), batch 16 = 8 GPUs x 2 images, auxiliary FCN head on level 2 (weight 0.4).
 # XCiT-S12/16 (with XCA) reaches 45.9 mIoU with this recipe.
 _base_ = '../_base_/upernet_adamw_8xb2-160k_ade20k-512x512.py'

@@ -57,7 +57,7 @@ SOFT_MODES = {
     'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
     'spectral, float32 eigh': (dict(pinv_method='spectral'),
                                "what 'spectral' did before: eigh in float32 (below the "
-                               'accuracy floor on hard kernels, docs/numerics.md)'),
+                               'accuracy floor on hard kernels, docs/en/notes/numerics.md)'),
 }
 
 

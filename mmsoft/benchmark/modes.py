@@ -28,7 +28,7 @@ def _float32_eigh():
 
     The only implementation the benchmark swaps in: a retired one, which the library no
     longer has (its float32 eigh is below the accuracy floor on hard kernels), carried
-    for comparison, since docs/numerics.md cites its numbers. Every other choice is the
+    for comparison, since docs/en/notes/numerics.md cites its numbers. Every other choice is the
     plan's (``attention_plan``).
     """
     from mmsoft.models.attention import newton

@@ -1,5 +1,5 @@
 """Landmark kernels that are hard for a float32 inverse, and the references the
-pseudo-inverse paths are held to (docs/numerics.md).
+pseudo-inverse paths are held to (docs/en/notes/numerics.md).
 
 The reference is the float64 T-step iterate of the same kernel; the floor of every
 default path is the official code's float32 iteration (``official_float32_iterate``).

@@ -103,8 +103,8 @@ def test_mim_train_mmsoft(workdir):
     if ONEDL_MIM:
         # onedl-mim 0.5.1 looks a config name up by walking the whole project of an
         # editable install (following mmsoft/.mim/configs -> configs and into
-        # work_dirs/), so a bare name is ambiguous there; the README says to pass the
-        # path. openmim walks the installed package only.
+        # work_dirs/), so a bare name is ambiguous there; docs/en/user_guides/train_test.md says
+        # to pass the path. openmim walks the installed package only.
         return
     # the config is also found by name inside the package
     log = run([mim, 'train', 'mmsoft', osp.basename(DET_CFG), '--work-dir', str(wd / 'b'),

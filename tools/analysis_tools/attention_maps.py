@@ -9,7 +9,7 @@ Examples:
   # after bash scripts/quickstart.sh: its SOFT-Tiny on a mini-set image (it saw only shapes)
   python tools/analysis_tools/attention_maps.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
       --checkpoint work_dirs/quickstart --query 0.3 0.45
-  # official ImageNet weights (README, Checkpoints) on a photo
+  # official ImageNet weights (docs/en/user_guides/checkpoints.md) on a photo
   python tools/analysis_tools/attention_maps.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
       --image astronaut --layer block3.0.att.mha.attn --query 0.3 0.45
   python tools/analysis_tools/attention_maps.py --backbone XCiTSimA:s12 \\

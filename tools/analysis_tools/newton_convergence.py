@@ -15,7 +15,7 @@ Examples:
   # after bash scripts/quickstart.sh: its SOFT-Tiny on mini-set images
   python tools/analysis_tools/newton_convergence.py --config configs/_mini_/retinanet_soft-t_fpn_mini-coco.py \\
       --checkpoint work_dirs/quickstart
-  # official ImageNet weights (README, Checkpoints) on photos
+  # official ImageNet weights (docs/en/user_guides/checkpoints.md) on photos
   python tools/analysis_tools/newton_convergence.py --backbone SOFT:small --checkpoint checkpoints/soft_small_norm.pth \\
       --images astronaut coffee chelsea --sizes 224 320 448 640
 

@@ -6,7 +6,7 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 
     'iterative'  the matrix iteration in float32: 2T products of m×m matrices, also
                  without gradients (applying steps to the thin Z instead is cheaper but
-                 does not correct its own rounding: docs/numerics.md).
+                 does not correct its own rounding: docs/en/notes/numerics.md).
     'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues; in
                  float64 also for a float32 A (``_spectral_factors``).
     'tf32'       the iteration with TF32 tensor-core products (CUDA) for the first
@@ -244,7 +244,7 @@ def _spectral_factors(A, alpha, iters):
     float32 iteration's deviation on hard kernels, 222× on a SOFT-S stage-1 kernel at
     800×1344. Correcting it to first order from Uᵀ·A·U in float64 met the floor but cost
     more than a float64 eigh (1.03 s against 0.77 s for 10 kernels of m = 1050 on a 2-core
-    CPU; float32 eigh 0.45 s); docs/numerics.md.
+    CPU; float32 eigh 0.45 s); docs/en/notes/numerics.md.
 
     Returns:
         (Tensor, Tensor): U (..., m, m) and v (..., m), float64 for a float32 A (applied

@@ -97,8 +97,8 @@ class AttentionPlan:
                 return method
 
 
-# The measurements behind the values (tools/analysis_tools/benchmark.py; README
-# "Benchmarks" and "On a GPU"; the GPU report in docs/benchmark/cuda_h100/).
+# The measurements behind the values (tools/analysis_tools/benchmark.py; docs/en/benchmarks.md,
+# docs/en/notes/per_device_plans.md; the GPU report in docs/benchmark/cuda_h100/).
 #
 # pinv
 # - cpu: 2-core x86 CPU, torch 2.14.1. One eigendecomposition beats the 2T products

@@ -247,7 +247,7 @@ class SOFT(Backbone):
             landmarks, on CUDA iterative). 'regularized' is a fast mode that is *not*
             the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one
             Cholesky factorization (``mmsoft.models.attention.regularized_apply``;
-            deviation from the reference in the README's benchmark section).
+            deviation from the reference: docs/en/benchmarks.md).
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
             (queries are average-pooled before the landmark conv when the r×r windows
             would give more), so cost stays linear in the number of tokens. None (the

@@ -1,0 +1,696 @@
+"""The user docs (README.md, docs/**/*.md, configs/**/README.md) against the repository:
+relative links and their #anchors, the commands of their code blocks (the tool exists and
+its own argparse parser accepts the options), the config paths they name, and no words
+that only make sense to the developers (issue numbers, commit hashes, "this machine").
+
+No tool does any work: each is executed as ``python tools/...`` runs it, in this process,
+and its own ``parse_args`` stops it right after parsing (``_Parsed``)."""
+import argparse
+import builtins
+import contextlib
+import glob
+import html
+import io
+import os.path as osp
+import re
+import shlex
+import sys
+import unicodedata
+from unittest import mock
+from urllib.parse import unquote
+
+import pytest
+from conftest import ROOT
+
+
+def _rel(path):
+    return osp.relpath(path, ROOT)
+
+
+def doc_files():
+    """README.md, every *.md under docs/ and every configs/**/README.md (relative)."""
+    files = ['README.md'] + glob.glob('docs/**/*.md', root_dir=ROOT, recursive=True)
+    files += glob.glob('configs/**/README.md', root_dir=ROOT, recursive=True)
+    return sorted(f for f in files if osp.isfile(osp.join(ROOT, f)))
+
+
+DOCS = doc_files()
+# docs/benchmark/ holds raw measurement output (what a device printed): exempt from the
+# wording rules, not from the link, command and config checks.
+USER_DOCS = [f for f in DOCS if not f.startswith('docs/benchmark/')]
+
+
+# ---------------------------------------------------------------- Markdown structure
+
+FENCE = re.compile(r'^[ \t]*(`{3,}|~{3,})[ \t]*([^`\s]*)[^`]*$')
+
+
+def split_markdown(text):
+    """(prose, blocks): ``prose`` is ``text`` with fenced code blocks blanked (same line
+    numbers); ``blocks`` lists (language, first line number, lines) of every fence."""
+    prose, blocks, fence = [], [], None
+    for number, line in enumerate(text.split('\n'), 1):
+        if fence is None:
+            m = FENCE.match(line)
+            if m:
+                fence = (m.group(1), [])
+                blocks.append((m.group(2).lower(), number + 1, fence[1]))
+                prose.append('')
+            else:
+                prose.append(line)
+        else:
+            stripped = line.strip()
+            if stripped.startswith(fence[0]) and not stripped.strip(fence[0][0]):
+                fence = None
+            else:
+                fence[1].append(line)
+            prose.append('')
+    return '\n'.join(prose), blocks
+
+
+# An inline code span: a run of backticks, then anything but a blank line up to the same run.
+CODE_SPAN = re.compile(r'(?<!`)(`+)(?!`)((?:(?!\n[ \t]*\n)[\s\S])+?)(?<!`)\1(?!`)')
+
+
+def blank(match):
+    """The matched text with every character but newlines turned into a space."""
+    return re.sub(r'[^\n]', ' ', match.group(0))
+
+
+def without_code(text):
+    """``text`` with fenced blocks, inline code spans and HTML comments blanked."""
+    prose, _ = split_markdown(text)
+    prose = re.sub(r'<!--[\s\S]*?-->', blank, prose)
+    return CODE_SPAN.sub(blank, prose)
+
+
+def line_of(text, offset):
+    return text.count('\n', 0, offset) + 1
+
+
+def github_slug(heading):
+    """GitHub's anchor for a heading's rendered text: lowercase, letters (any script),
+    digits, '-' and '_' kept, other punctuation and symbols dropped, each space a '-'."""
+    text = heading.strip().lower()
+    kept = ''.join(ch for ch in text if ch in ' -' or unicodedata.category(ch)[0] in 'LMN'
+                   or unicodedata.category(ch) == 'Pc')
+    return kept.replace(' ', '-')
+
+
+def heading_text(markdown):
+    """The rendered text of a heading's Markdown (links, code, emphasis, HTML unwrapped)."""
+    text = re.sub(r'\\([!-/:-@\[-`{-~])', r'\1', markdown)  # backslash escapes
+    text = re.sub(r'!\[[^\]]*\]\([^)]*\)', '', text)  # images: no text
+    text = re.sub(r'\[([^\]]*)\](?:\([^)]*\)|\[[^\]]*\])', r'\1', text)  # links
+    text = re.sub(r'`+', '', text)
+    text = re.sub(r'<[^>]+>', '', text)
+    text = re.sub(r'(\*\*|__)(.+?)\1', r'\2', text)
+    text = re.sub(r'(?<!\w)([*_])(\S(?:.*?\S)?)\1(?!\w)', r'\2', text)
+    return html.unescape(text)
+
+
+HEADING = re.compile(r'^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$', re.M)
+
+
+def anchors(text):
+    """Every #anchor a Markdown text defines on GitHub: its headings' slugs (a repeated
+    slug gets -1, -2, ...) and the id/name attributes of its HTML."""
+    prose, _ = split_markdown(text)
+    seen, found = {}, set()
+    for m in HEADING.finditer(prose):
+        slug = github_slug(heading_text(m.group(2) or ''))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        found.add(slug if n == 0 else f'{slug}-{n}')
+    found.update(re.findall(r'<[a-zA-Z][^>]*\b(?:id|name)="([^"]+)"', prose))
+    return found
+
+
+_ANCHORS = {}
+
+
+def anchors_of(path):
+    if path not in _ANCHORS:
+        with open(path, encoding='utf-8') as f:
+            _ANCHORS[path] = anchors(f.read())
+    return _ANCHORS[path]
+
+
+# ---------------------------------------------------------------- check 1: links
+
+LINK = re.compile(r'\[((?:[^\[\]]|\[[^\[\]]*\])*)\]'
+                  r'\(\s*(<[^>\n]*>|[^\s()]*(?:\([^\s()]*\)[^\s()]*)*)'
+                  r'(?:\s+(?:"[^"]*"|\'[^\']*\'|\([^)]*\)))?\s*\)')
+REF_DEF = re.compile(r'^ {0,3}\[(?!\^)[^\]]+\]:[ \t]*<?([^\s>]+)>?', re.M)
+HTML_LINK = re.compile(r'<(?:a|img)\b[^>]*?\b(?:href|src)="([^"]*)"', re.I)
+
+
+def links(prose):
+    """(offset, destination) of every link, image, reference definition and HTML
+    href/src in ``prose`` (text without code), nested ones (a badge in a link) too."""
+    found = []
+
+    def scan(text, base):
+        for m in LINK.finditer(text):
+            found.append((base + m.start(), m.group(2).strip('<>')))
+            scan(m.group(1), base + m.start(1))
+    scan(prose, 0)
+    found += [(m.start(1), m.group(1)) for m in REF_DEF.finditer(prose)]
+    found += [(m.start(1), m.group(1)) for m in HTML_LINK.finditer(prose)]
+    return sorted(found)
+
+
+def link_problems(md_path, text):
+    """'FILE:LINE: ...' for every relative link of ``text`` (the Markdown file
+    ``md_path``) whose file or folder is missing, or whose #anchor no heading defines."""
+    problems, prose = [], without_code(text)
+    for offset, dest in links(prose):
+        where = f'{_rel(md_path)}:{line_of(prose, offset)}'
+        if not dest or re.match(r'[A-Za-z][A-Za-z0-9+.-]*:|//', dest):
+            continue  # http(s)://, mailto:, ...: not checked here
+        path, _, anchor = dest.partition('#')
+        path = unquote(path)
+        if path:
+            base = ROOT if path.startswith('/') else osp.dirname(md_path)
+            target = osp.normpath(osp.join(base, path.lstrip('/')))
+            if not osp.exists(target):
+                problems.append(f'{where}: link to a missing file: {dest}')
+                continue
+        else:
+            target = md_path
+        if anchor and target.endswith('.md') and osp.isfile(target):
+            if unquote(anchor) not in anchors_of(target):
+                problems.append(f'{where}: no heading in {_rel(target)} has the anchor '
+                                f'#{anchor}: {dest}')
+    return problems
+
+
+# ---------------------------------------------------------------- check 3: config paths
+
+CONFIG_PATH = re.compile(r'(?<![\w/.-])configs/[A-Za-z0-9_./-]+\.py')
+
+
+def is_placeholder(value):
+    """A value the docs write as a placeholder: a word in CAPITALS (CONFIG, CKPT, K, ...),
+    '...', /path/to/..., <name>."""
+    return bool('...' in value or '…' in value or value.startswith('/path/to')
+                or re.search(r'<\w[^>]*>', value)
+                or re.search(r'(?<![A-Za-z])[A-Z][A-Z0-9_]*(?![A-Za-z])', value))
+
+
+def config_problems(md_path, text):
+    """'FILE:LINE: ...' for every config path named in ``text`` (prose, tables, code) that
+    is not a placeholder and does not exist."""
+    problems = []
+    for m in CONFIG_PATH.finditer(text):
+        path = m.group(0)
+        if not is_placeholder(path) and not osp.isfile(osp.join(ROOT, path)):
+            problems.append(f'{_rel(md_path)}:{line_of(text, m.start())}: missing config: '
+                            f'{path}')
+    return problems
+
+
+# ---------------------------------------------------------------- check 2: commands
+
+SHELL_LANGUAGES = {'', 'bash', 'sh', 'shell', 'console', 'zsh'}
+SEPARATORS = {'&&', '||', ';', '|', '&', '(', ')', ';;'}
+ENV_ASSIGNMENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*=')
+
+
+class Unparsable(list):
+    """The words of a command line that shlex cannot split (an unclosed quote)."""
+
+    def __init__(self, words, error, line):
+        super().__init__(words)
+        self.error, self.line = error, line
+
+
+def shell_commands(blocks):
+    """(line number, tokens) of every simple command in the shell code blocks: lines
+    continued with a trailing backslash joined, comments dropped, split at && ; | etc."""
+    for language, first, lines in blocks:
+        if language not in SHELL_LANGUAGES:
+            continue
+        pending, start = '', None
+        for number, line in enumerate(lines, first):
+            if start is None:
+                start = number
+            if language == 'console' and not pending:
+                if not line.lstrip().startswith('$ '):
+                    start = None
+                    continue
+                line = line.lstrip()[2:]
+            if line.rstrip().endswith('\\'):
+                pending += line.rstrip()[:-1] + ' '
+                continue
+            logical, pending = pending + line, ''
+            lexer = shlex.shlex(logical, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            try:
+                tokens = list(lexer)
+            except ValueError as e:  # unbalanced quotes: reported for our commands only
+                yield start, Unparsable(logical.split(), error=str(e), line=logical.strip())
+                start = None
+                continue
+            command = []
+            for token in tokens + [';']:
+                if token in SEPARATORS:
+                    if command:
+                        yield start, command
+                    command = []
+                else:
+                    command.append(token)
+            start = None
+
+
+class _Parsed(BaseException):
+    """Raised by the patched parse_args once the tool's parser has accepted its argv
+    (a BaseException, so that a tool's ``except Exception`` cannot swallow it)."""
+
+
+_CODE = {}
+
+
+def _tool_code(path):
+    """The tool's compiled source, read once per file."""
+    if path not in _CODE:
+        with open(path, encoding='utf-8') as f:
+            _CODE[path] = compile(f.read(), path, 'exec')
+    return _CODE[path]
+
+
+@contextlib.contextmanager
+def _parse_only():
+    """ArgumentParser.parse_args / parse_known_args parse, then raise _Parsed; values the
+    docs write as placeholders (CKPT, N, ...) pass type conversion and choices."""
+    depth = [0]
+    parser = argparse.ArgumentParser
+
+    def stopping(method):
+        def parse(self, *args, **kwargs):
+            depth[0] += 1
+            try:
+                result = method(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:  # the tool's own call (parse_args calls parse_known_args)
+                raise _Parsed
+            return result
+        return parse
+
+    get_value, check_value = parser._get_value, parser._check_value
+    with mock.patch.object(parser, 'parse_args', stopping(parser.parse_args)), \
+         mock.patch.object(parser, 'parse_known_args', stopping(parser.parse_known_args)), \
+         mock.patch.object(parser, '_get_value', lambda self, action, s: s if isinstance(
+             s, str) and is_placeholder(s) else get_value(self, action, s)), \
+         mock.patch.object(parser, '_check_value', lambda self, action, v: None if isinstance(
+             v, str) and is_placeholder(v) else check_value(self, action, v)):
+        yield
+
+
+def argv_problem(tool, argv):
+    """None if the Python tool (path relative to the repository) accepts ``argv`` on its
+    command line, else why not. The file is executed as ``python tool ARGV`` runs it, and
+    stopped as soon as its argparse parser has parsed ARGV."""
+    path = osp.join(ROOT, tool)
+    try:
+        code = _tool_code(path)
+    except (OSError, SyntaxError) as e:
+        return f'{tool} cannot be read: {e}'
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [path] + list(argv)
+    sys.path.insert(0, osp.dirname(path))  # as `python tools/x.py` sets it
+    try:
+        with _parse_only(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(code, {'__name__': '__main__', '__file__': path,
+                        '__builtins__': builtins})
+    except _Parsed:
+        return None
+    except SystemExit as e:
+        if e.code in (0, None):  # --help
+            return None
+        lines = err.getvalue().strip().splitlines() or [str(e)]
+        return f'{tool} rejects its arguments: {lines[-1]}'
+    except argparse.ArgumentError as e:
+        return f'{tool} rejects its arguments: {e}'
+    except Exception as e:  # noqa: BLE001 (any failure before parsing is the finding)
+        return (f'{tool} failed before parsing its arguments (it must be importable '
+                f'without doing any work): {type(e).__name__}: {e}')
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    return f'{tool} ran to the end without parsing its arguments with argparse'
+
+
+_LAUNCHERS = {}
+
+
+def launcher(script):
+    """How a tools/*.sh launcher passes its arguments on: (n, tool, template), where the
+    launcher takes n positional arguments, then runs ``tool`` (relative path) with
+    ``template`` (its $VAR arguments by position, e.g. '$1') followed by the rest of its
+    arguments; None if the script does not forward ``"${@:N}"`` to a Python tool."""
+    if script in _LAUNCHERS:
+        return _LAUNCHERS[script]
+    with open(osp.join(ROOT, script), encoding='utf-8') as f:
+        text = re.sub(r'\\\n', ' ', f.read())
+    positions = dict(re.findall(r'^\s*(\w+)=\$\{?(\d+)\}?\s*$', text, re.M))
+    found = None
+    m = re.search(r'"?\$\{?DIR\}?/([\w./-]+\.py)"?((?:[ \t]+[^\s]+)*?)[ \t]+"\$\{@:(\d+)\}"',
+                  text)
+    if m:
+        template = []
+        for token in shlex.split(m.group(2)):
+            for var, pos in positions.items():
+                token = re.sub(r'\$\{?%s\}?(?!\w)' % var, '$' + pos, token)
+            template.append(token)
+        tool = osp.normpath(osp.join(osp.dirname(script), m.group(1)))
+        found = (int(m.group(3)) - 1, tool, template)
+    _LAUNCHERS[script] = found
+    return found
+
+
+def forwarded_argv(template, args):
+    """The tool's argv for a launcher called with ``args``."""
+    return [re.sub(r'\$(\d+)', lambda m: args[int(m.group(1)) - 1], t) for t in template]
+
+
+OUR_SCRIPTS = ('tools/', 'scripts/')  # folders of the repository's executables
+
+
+def _missing_files(script, args):
+    """The script (tools/ or scripts/) and config paths among ``args`` that do not exist
+    (placeholders aside)."""
+    missing = [f'no such file: {script}'] if (
+        osp.normpath(script).startswith(OUR_SCRIPTS) and not is_placeholder(script)
+        and not osp.isfile(osp.join(ROOT, script))) else []
+    return missing + [f'missing config: {a}' for a in args if CONFIG_PATH.fullmatch(a)
+                      and not is_placeholder(a) and not osp.isfile(osp.join(ROOT, a))]
+
+
+def _python_tool(args):
+    """(script, argv) of ``python [OPTIONS] SCRIPT.py ARGV``, None for -m/-c or no .py."""
+    while args and args[0].startswith('-'):
+        if args[0].startswith(('-m', '-c')):
+            return None
+        args = args[2:] if args[0] in ('-W', '-X') else args[1:]
+    return (args[0], args[1:]) if args and args[0].endswith('.py') else None
+
+
+def check_command(tokens):
+    """Problems (without location) of one simple shell command from the docs."""
+    unparsable = tokens if isinstance(tokens, Unparsable) else None
+    while tokens and (ENV_ASSIGNMENT.match(tokens[0]) or tokens[0] in ('env', 'time',
+                                                                        'exec')):
+        tokens = tokens[1:]
+    if not tokens:
+        return []
+    head = osp.basename(tokens[0])
+    args = [t for t in tokens[1:] if t not in ('...', '…')]
+    if unparsable is not None:
+        return [f'cannot split the command into words ({unparsable.error}): '
+                f'{unparsable.line}'] if re.fullmatch(r'python[\d.]*|bash|sh|mim|.+\.sh',
+                                                      head) else []
+    if re.fullmatch(r'python(?:\d+(?:\.\d+)?)?', head):
+        found = _python_tool(args)
+        if found is None:
+            return []
+        script, argv = found
+        problems = _missing_files(script, argv)
+        if problems or is_placeholder(script) or not osp.normpath(script).startswith(
+                'tools/'):
+            return problems
+        problem = argv_problem(osp.normpath(script), argv)
+        return [problem] if problem else []
+    if head in ('bash', 'sh') or (head.endswith('.sh') and '/' in tokens[0]):
+        if head in ('bash', 'sh'):
+            while args and args[0].startswith('-'):
+                args = args[1:]
+            if not args:
+                return []
+            script, argv = args[0], args[1:]
+        else:
+            script, argv = tokens[0], args
+        problems = _missing_files(script, argv)
+        script = osp.normpath(script)
+        forward = launcher(script) if script.startswith('tools/') and script.endswith(
+            '.sh') and not problems else None
+        if forward is None:
+            return problems
+        n, tool, template = forward
+        if len(argv) < n:
+            return [f'{script} takes {n} arguments before the {tool} options, got '
+                    f'{len(argv)}: {" ".join(argv)}']
+        problem = argv_problem(tool, forwarded_argv(template, argv) + argv[n:])
+        return [f'{script}: {problem}'] if problem else []
+    if head == 'mim' and len(args) >= 2 and args[0] in ('train', 'test', 'run'):
+        if len(args) < 3:
+            return [f'mim {args[0]} {args[1]}: what to {args[0]} is missing']
+        package, what = args[1], args[2]
+        if args[0] == 'run':
+            if package == 'mmsoft' and not is_placeholder(what) and not glob.glob(
+                    f'tools/**/{what}.py', root_dir=ROOT, recursive=True):
+                return [f'mim run mmsoft {what}: no tools/**/{what}.py']
+            return []
+        if '/' in what and not is_placeholder(what) and not osp.exists(
+                osp.join(ROOT, what)):
+            return [f'mim {args[0]} {package}: missing config: {what}']
+    return []
+
+
+def command_problems(md_path, text):
+    """'FILE:LINE: ...' for every command of ``text``'s shell code blocks that names a
+    missing tool or config, or that its tool's argparse parser rejects."""
+    _, blocks = split_markdown(text)
+    problems = []
+    for number, tokens in shell_commands(blocks):
+        problems += [f'{_rel(md_path)}:{number}: {p}' for p in check_command(tokens)]
+    return problems
+
+
+# ---------------------------------------------------------------- check 4: wording
+
+# In any text, code blocks included.
+WORDING = [
+    ('issue reference', re.compile(r'\bissues?\s+#?\d+', re.I)),
+    ('commit hash', re.compile(r'\bcommits?\b[^\w\n]{0,3}(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b'
+                               r'|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b'
+                               r'[^\w\n]{0,3}commit', re.I)),
+    ('commit hash', re.compile(r'(?<![0-9a-f])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])'
+                               r'[0-9a-f]{40}(?![0-9a-f])')),
+    ('commit hash', re.compile(r'git worktree.*\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b', re.I)),
+    ('the developers\' machine', re.compile(
+        r"\b(?:this|our|the project's|the developers'?)\s+(?:\d+-core\s+)?"
+        r'(?:machine|cpu|computer|laptop|vm)\b|\bthis\s+\d+-core\b|\.\./shared\b', re.I)),
+]
+# In prose only (code, headings, link destinations blanked): '#12', '(#12)' as issue
+# references.
+PROSE_WORDING = [('issue reference', re.compile(
+    r'(?<![\w&#/])(?<!(?i:issue) )(?<!(?i:issues) )#\d+\b'))]
+
+
+def wording_problems(md_path, text):
+    """'FILE:LINE: KIND: ...' (one per line and kind) for every issue number, commit hash
+    or reference to the developers' machine in ``text``."""
+    prose = without_code(text)
+    # link destinations ([x](#12-intro)) and headings are not issue references
+    prose = re.sub(r'\]\([^)\n]*\)', blank, prose)
+    prose = re.sub(r'^ {0,3}#{1,6}(?:\s.*)?$', blank, prose, flags=re.M)
+    found = {}
+    for source, rules in ((text, WORDING), (prose, PROSE_WORDING)):
+        for kind, pattern in rules:
+            for m in pattern.finditer(source):
+                texts = found.setdefault((line_of(source, m.start()), kind), [])
+                if repr(m.group(0)) not in texts:
+                    texts.append(repr(m.group(0)))
+    return [f'{_rel(md_path)}:{line}: {kind}: {", ".join(texts)}'
+            for (line, kind), texts in sorted(found.items())]
+
+
+# ---------------------------------------------------------------- the docs
+
+
+def _read(doc):
+    with open(osp.join(ROOT, doc), encoding='utf-8') as f:
+        return f.read()
+
+
+def _report(problems):
+    return f'{len(problems)} problem(s):\n' + '\n'.join(problems)
+
+
+def test_doc_files_found():
+    assert 'README.md' in DOCS
+    assert all(f.endswith('.md') for f in DOCS)
+
+
+@pytest.mark.parametrize('doc', DOCS)
+def test_links_resolve(doc):
+    problems = link_problems(osp.join(ROOT, doc), _read(doc))
+    assert not problems, _report(problems)
+
+
+@pytest.mark.parametrize('doc', DOCS)
+def test_commands_match_the_tools(doc):
+    problems = command_problems(osp.join(ROOT, doc), _read(doc))
+    assert not problems, _report(problems)
+
+
+@pytest.mark.parametrize('doc', DOCS)
+def test_config_paths_exist(doc):
+    problems = config_problems(osp.join(ROOT, doc), _read(doc))
+    assert not problems, _report(problems)
+
+
+@pytest.mark.parametrize('doc', USER_DOCS)
+def test_no_developer_context(doc):
+    problems = wording_problems(osp.join(ROOT, doc), _read(doc))
+    assert not problems, _report(problems)
+
+
+def test_launchers_are_understood():
+    """Each tools/*.sh launcher forwards its arguments to train.py or test.py (if one
+    stops matching, its commands in the docs would go unchecked)."""
+    scripts = sorted(glob.glob('tools/*.sh', root_dir=ROOT))
+    assert scripts
+    for script in scripts:
+        forward = launcher(script)
+        assert forward is not None, f'{script}: no "$DIR/<tool>.py ... "${{@:N}}"" found'
+        n, tool, template = forward
+        assert osp.isfile(osp.join(ROOT, tool)), (script, tool)
+        assert re.fullmatch(r'\$\d', template[0]), (script, template)  # the config
+    assert launcher('tools/dist_train.sh') == (2, 'tools/train.py',
+                                               ['$1', '--launcher', 'pytorch'])
+
+
+# ---------------------------------------------------------------- negative controls
+
+
+def test_every_tool_is_reached_through_its_parser():
+    """Each Python tool under tools/ loads without doing work and rejects an unknown
+    option through its own argparse parser, so the command check reaches all of them."""
+    tools = sorted(glob.glob('tools/**/*.py', root_dir=ROOT, recursive=True))
+    assert len(tools) >= 5
+    problems = {tool: argv_problem(tool, ['--no-such-option-for-the-docs-test'])
+                for tool in tools}
+    wrong = {t: p for t, p in problems.items() if not (p or '').startswith(
+        f'{t} rejects its arguments:')}
+    assert not wrong, wrong
+
+
+def test_tools_parsing_at_import_or_not_at_all(tmp_path):
+    """The check does not depend on how a tool calls argparse, and says when it cannot
+    load a tool or when the tool does not parse its arguments."""
+    at_import = tmp_path / 'at_import.py'
+    at_import.write_text('import argparse\np = argparse.ArgumentParser()\n'
+                         'p.add_argument("--n", type=int)\n'
+                         'args, rest = p.parse_known_args()\nraise SystemExit("worked")\n')
+    assert argv_problem(str(at_import), ['--n', '3', 'extra']) is None
+    assert 'invalid int value' in argv_problem(str(at_import), ['--n', 'three'])
+    assert argv_problem(str(at_import), ['--n', 'N']) is None  # a placeholder
+    broken = tmp_path / 'broken.py'
+    broken.write_text('import no_such_module_for_the_docs_test\n')
+    assert 'ModuleNotFoundError' in argv_problem(str(broken), [])
+    no_parser = tmp_path / 'no_parser.py'
+    no_parser.write_text('import sys\nN = len(sys.argv)\n')
+    assert 'without parsing its arguments' in argv_problem(str(no_parser), ['x'])
+
+
+def test_slugs_follow_github():
+    assert github_slug(heading_text('Training and testing')) == 'training-and-testing'
+    assert github_slug(heading_text('transformers ≥ 5 beside `mmpretrain`')) == \
+        'transformers--5-beside-mmpretrain'
+    assert github_slug(heading_text('torch.compile: [SOFT](x.md) on *CUDA*')) == \
+        'torchcompile-soft-on-cuda'
+    assert github_slug(heading_text('per_device plans (v2)')) == 'per_device-plans-v2'
+    assert github_slug(heading_text('Über Größe')) == 'über-größe'
+    assert anchors('# A\n## A\n```\n# not a heading\n```\n### A ###\n') == \
+        {'a', 'a-1', 'a-2'}
+
+
+def test_bad_links_and_anchors_are_reported(tmp_path):
+    (tmp_path / 'other.md').write_text('# Other\n\n## Known section\n')
+    (tmp_path / 'folder').mkdir()
+    doc = tmp_path / 'doc.md'
+    doc.write_text(
+        '# Doc\n'
+        'Good: [o](other.md), [s](other.md#known-section), [d](#doc), [f](folder),\n'
+        '[web](https://example.com/x.md#y), [m](mailto:a@b.c), `[code](missing.md)`.\n'
+        'Bad: [missing](missing.md) and [anchor](other.md#unknown-section),\n'
+        '![image](img/missing.png), [here](#nowhere) and [a link that\n'
+        'wraps](gone/)\n\n'
+        '```bash\necho "[not](a-link.md)"\n```\n'
+        '[ref]: missing-ref.md\n')
+    problems = link_problems(str(doc), doc.read_text())
+    assert len(problems) == 6, problems
+    for line, what in [(4, 'missing.md'), (4, 'other.md#unknown-section'),
+                       (5, 'img/missing.png'), (5, '#nowhere'), (5, 'gone/'),
+                       (11, 'missing-ref.md')]:
+        assert any(p.split(':')[1] == str(line) and p.endswith(what) for p in problems), \
+            (line, what, problems)
+
+
+def test_bad_commands_are_reported(tmp_path):
+    doc = tmp_path / 'doc.md'
+    good = 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py'
+    doc.write_text(
+        '```bash\n'
+        f'python tools/train.py {good} --amp --cfg-options a.b=1  # ok\n'
+        f'FOO=1 .venv/bin/python tools/test.py configs/soft/CONFIG.py CKPT --out x.pkl\n'
+        f'bash tools/dist_train.sh {good} 8 --resume\n'
+        'GPUS=16 bash tools/slurm_train.sh PARTITION JOB configs/soft/CONFIG.py WD\n'
+        'python tools/analysis_tools/pinv_accuracy.py --seeds 0 1 --sizes N\n'
+        f'mim train mmsoft {good} --gpus 1\n'
+        'python -m pytest tests\n'
+        f'python tools/train.py {good} \\\n'
+        '    --no-such-option\n'
+        'python tools/missing.py --x\n'
+        'bash tools/dist_test.sh configs/soft/CONFIG.py CKPT 8 --bogus && echo done\n'
+        'python tools/analysis_tools/pinv_accuracy.py --methods magic\n'
+        'bash tools/dist_train.sh configs/soft/CONFIG.py\n'
+        'mim test mmdet configs/soft/missing_config.py --checkpoint CKPT\n'
+        'mim run mmsoft no_such_tool\n'
+        'python tools/train.py "unclosed\n'
+        'python tools/train.py configs/soft/nope.py; bash scripts/no_such.sh\n'
+        'python my_own_script.py --anything; bash ./tools/dist_train.sh CONFIG\n'
+        '```\n')
+    problems = command_problems(str(doc), doc.read_text())
+    expected = [(9, 'unrecognized arguments: --no-such-option'),
+                (11, 'no such file: tools/missing.py'),
+                (12, 'unrecognized arguments: --bogus'),
+                (13, "invalid choice: 'magic'"),
+                (14, 'takes 2 arguments'),
+                (15, 'missing config: configs/soft/missing_config.py'),
+                (16, 'no tools/**/no_such_tool.py'),
+                (17, 'cannot split the command into words'),
+                (18, 'missing config: configs/soft/nope.py'),
+                (18, 'no such file: scripts/no_such.sh'),
+                (19, 'takes 2 arguments')]
+    assert len(problems) == len(expected), problems
+    for (line, what), problem in zip(expected, problems):
+        assert problem.split(':')[1] == str(line) and what in problem, (line, what, problem)
+
+
+def test_missing_config_paths_are_reported(tmp_path):
+    doc = tmp_path / 'doc.md'
+    doc.write_text('Use `configs/soft/retinanet_soft-t_fpn_1x_coco.py`, not\n'
+                   '| x | configs/soft/retinanet_soft-x_fpn_1x_coco.py |\n'
+                   'configs/soft/CONFIG.py, configs/.../x.py, tests/configs/test_configs.py\n')
+    problems = config_problems(str(doc), doc.read_text())
+    assert len(problems) == 1 and problems[0].split(':')[1] == '2', problems
+    assert problems[0].endswith('configs/soft/retinanet_soft-x_fpn_1x_coco.py')
+
+
+def test_developer_context_is_reported(tmp_path):
+    doc = tmp_path / 'doc.md'
+    doc.write_text('# Title #1 (a heading, not an issue)\n'
+                   '## 2. Results\n'
+                   'See [results](#2-results), measured on a 2-core x86-64 CPU.\n'
+                   'Fixed in issue #12 (#13); see also #14.\n'
+                   'Since commit 3f2a9c1d the speed on this machine doubled.\n'
+                   '```bash\ncd ../shared  # this 2-core box\n```\n'
+                   'git worktree add ../x 8769e30\n')
+    problems = wording_problems(str(doc), doc.read_text())
+    lines = sorted(int(p.split(':')[1]) for p in problems)
+    assert lines == [4, 5, 5, 7, 9], problems
+    assert "'issue #12', '#13', '#14'" in problems[0]
