@@ -141,15 +141,18 @@ def _mim():
         return WARN, 'mim not installed (mim train/test mmsoft)', \
             'pip install openmim (or onedl-mim)'
     root = res.stdout.strip().splitlines()[-1] if res.returncode == 0 else ''
-    # openmim: <package>/.mim/tools; onedl-mim also falls back to <root>/tools (editable)
-    tools = [t for t in (os.path.join(root, '.mim', 'tools'), os.path.join(root, 'tools'))
-             if root and os.path.isfile(os.path.join(t, 'train.py'))]
+
+    def found(name, check=os.path.isfile):
+        # openmim reads <package>/.mim/<name>; onedl-mim falls back to <root>/<name>
+        # (editable install); the first that exists is used
+        return [p for p in (os.path.join(root, '.mim', name), os.path.join(root, name))
+                if root and check(p)]
+
+    tools = found('tools', lambda t: os.path.isfile(os.path.join(t, 'train.py')))
     if not tools:
         return WARN, 'mim cannot find mmsoft\'s tools (mim train mmsoft ...)', (
             'install mmsoft: pip install -e . (in the repository)')
-    # `mim search mmsoft` reads the first of these (both mims)
-    index = [i for i in (os.path.join(root, '.mim', 'model-index.yml'),
-                         os.path.join(root, 'model-index.yml')) if os.path.isfile(i)]
+    index = found('model-index.yml')  # what `mim search mmsoft` reads
     if not index:
         return WARN, f'mim finds mmsoft\'s tools in {tools[0]} but no model-index.yml ' \
             '(mim search mmsoft)', 'reinstall mmsoft: pip install -e . (in the repository)'
