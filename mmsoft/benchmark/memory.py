@@ -2,7 +2,7 @@
 
   memory   at the largest ``--sizes`` entry: one forward at batch 1 and one training step
            at ``--train-batch`` images, for SOFT-S modes, the official computation order
-           (forward only) and Swin-T
+           (forward only), XCiT-SimA-S12/16 and Swin-T
   scaling  time and peak memory over the ``--sweep`` sizes, with the exponent of time vs
            token count fitted; vanilla softmax attention (PVT-Small without spatial
            reduction) is the quadratic baseline; ``--plot FILE.png`` draws it
@@ -71,7 +71,8 @@ def section_memory(args, out):
     process: a forward at batch 1 and a training step at ``--train-batch`` images."""
     size, b = args.sizes[-1], args.train_batch
     series = [('SOFT-S', m) for m in soft_modes(args, ('auto', 'tf32', 'regularized',
-                                                        'grid16'))] + [('Swin-T', 'auto')]
+                                                        'grid16'))]
+    series += [('XCiT-SimA-S12/16', 'auto'), ('Swin-T', 'auto')]
     if not args.skip_official:
         series.insert(1, ('SOFT-S', 'official order'))
     lines = [f'| backbone @{size} | forward, batch 1 | peak memory | forward+backward, '

@@ -198,6 +198,32 @@ def test_scaling_reports_a_crash_apart_from_a_skip(monkeypatch):
     assert pvt.count('N² too large') == 2 and 'failed' not in pvt
 
 
+def test_memory_section_rows_and_ratios_to_swin(monkeypatch):
+    """The memory section has a row per SOFT-S mode, XCiT-SimA-S12/16 and Swin-T, and
+    each training peak is divided by Swin-T's (not by the row's own or SOFT-S's)."""
+    from mmsoft.benchmark import memory
+    peaks = {'SOFT-S': 300.0, 'XCiT-SimA-S12/16': 150.0, 'Swin-T': 200.0}
+    calls = []
+
+    def fake(name, mode, size, device, repeat, train=False, batch=1):
+        calls.append((name, mode, train, batch))
+        return dict(time=0.5, peak_mb=peaks[name] * (2 if train else 1))
+
+    monkeypatch.setattr(memory, 'child_measure', fake)
+    args = argparse.Namespace(sizes=['64x64', '128x96'], train_batch=2, device='cpu',
+                              repeat=0, skip_official=True)
+    out = {}
+    lines = memory.section_memory(args, out)
+    rows = {line.split(' |')[0][2:]: line for line in lines[2:]}
+    assert set(rows) == {'SOFT-S [auto]', 'SOFT-S [regularized]', 'SOFT-S [grid16]',
+                         'XCiT-SimA-S12/16', 'Swin-T'}
+    assert rows['XCiT-SimA-S12/16'].endswith('| 0.75× |')  # 300 / 400 MB
+    assert rows['SOFT-S [auto]'].endswith('| 1.50× |') and rows['Swin-T'].endswith('| 1.00× |')
+    assert ('XCiT-SimA-S12/16', 'auto', True, 2) in calls  # trained at --train-batch
+    assert '@128x96' in lines[0]  # the largest (last) --sizes entry
+    assert out['memory']['XCiT-SimA-S12/16']['train']['peak_mb'] == 300.0
+
+
 def test_zero_padded_pinv_is_the_same_iterate():
     """The pinv section's padded columns compute what the plain ones do, cut back to m,
     also where the padded size equals Z's width (m = 25 -> 32, 32 columns)."""

@@ -26,7 +26,8 @@ Sections (``--sections``, default all):
            from the outputs the official code produced for the fixture
   memory   peak memory at the largest --sizes entry (a process per model and step): one
            forward at batch 1 and one training step at ``--train-batch`` images, for
-           SOFT-S modes, the official computation order (forward only) and Swin-T
+           SOFT-S modes, the official computation order (forward only), XCiT-SimA-S12/16
+           and Swin-T
   launches ATen operators (on a GPU: kernel launches) per forward and training step of
            SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
            meta device with CUDA's plan (no GPU needed): eager mode's host work per step
