@@ -515,8 +515,10 @@ def _read(doc):
         return f.read()
 
 
-def _report(problems):
-    return f'{len(problems)} problem(s):\n' + '\n'.join(problems)
+def assert_no_problems(problems_of, doc):
+    """Run one check (``*_problems(md_path, text)``) on ``doc``; fail listing what it found."""
+    problems = problems_of(osp.join(ROOT, doc), _read(doc))
+    assert not problems, f'{len(problems)} problem(s):\n' + '\n'.join(problems)
 
 
 def test_doc_files_found():
@@ -526,26 +528,22 @@ def test_doc_files_found():
 
 @pytest.mark.parametrize('doc', DOCS)
 def test_links_resolve(doc):
-    problems = link_problems(osp.join(ROOT, doc), _read(doc))
-    assert not problems, _report(problems)
+    assert_no_problems(link_problems, doc)
 
 
 @pytest.mark.parametrize('doc', DOCS)
 def test_commands_match_the_tools(doc):
-    problems = command_problems(osp.join(ROOT, doc), _read(doc))
-    assert not problems, _report(problems)
+    assert_no_problems(command_problems, doc)
 
 
 @pytest.mark.parametrize('doc', DOCS)
 def test_config_paths_exist(doc):
-    problems = config_problems(osp.join(ROOT, doc), _read(doc))
-    assert not problems, _report(problems)
+    assert_no_problems(config_problems, doc)
 
 
 @pytest.mark.parametrize('doc', USER_DOCS)
 def test_no_developer_context(doc):
-    problems = wording_problems(osp.join(ROOT, doc), _read(doc))
-    assert not problems, _report(problems)
+    assert_no_problems(wording_problems, doc)
 
 
 def test_launchers_are_understood():
