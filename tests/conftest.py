@@ -68,7 +68,7 @@ def _seed():
 # second time with one thread and no SIMD kernels (OMP_NUM_THREADS=1,
 # ATEN_CPU_CAPABILITY=default), so that a tolerance resting on one machine's order of
 # sums fails there, not on a user's machine.
-NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py',
+NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_fidelity.py',
                     'test_xcit_sima.py', 'test_fixtures.py')
 
 

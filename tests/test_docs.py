@@ -644,7 +644,7 @@ def test_bad_commands_are_reported(tmp_path):
         '    --no-such-option\n'
         'python tools/missing.py --x\n'
         'bash tools/dist_test.sh configs/soft/CONFIG.py CKPT 8 --bogus && echo done\n'
-        'python tools/analysis_tools/pinv_accuracy.py --methods magic\n'
+        'python tools/analysis_tools/pinv_accuracy.py --paths magic\n'
         'bash tools/dist_train.sh configs/soft/CONFIG.py\n'
         'mim test mmdet configs/soft/missing_config.py --checkpoint CKPT\n'
         'mim run mmsoft no_such_tool\n'

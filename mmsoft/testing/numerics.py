@@ -1,9 +1,12 @@
 """Landmark kernels that are hard for a float32 inverse, and the references the
 pseudo-inverse paths are held to (docs/en/notes/numerics.md).
 
-The reference is the float64 T-step iterate of the same kernel; the floor of every
-default path is the official code's float32 iteration (``official_float32_iterate``).
-Used by the numerics tests and tools/analysis_tools/pinv_accuracy.py.
+The reference is the float64 T-step iterate of the same kernel. On these kernels every
+path stays finite and within ``KERNEL_BOUND`` of it, or within twice the official code's
+float32 iteration's deviation (``official_float32_iterate``) where that itself misses
+``KERNEL_BOUND`` (``kernel_bound``); the ratio to the official iteration is reported
+(tools/analysis_tools/pinv_accuracy.py), not gated: fidelity is judged on the network's
+outputs (``fidelity``). Used by the numerics tests and pinv_accuracy.py.
 """
 import torch
 import torch.nn.functional as F
@@ -11,11 +14,37 @@ import torch.nn.functional as F
 from ..models.attention import gaussian_kernel, newton_alpha, newton_pinv_apply
 
 __all__ = [
-    'HARD_KERNELS', 'float64_iterate', 'hard_landmarks', 'hard_problem',
-    'official_float32_iterate', 'pinv_accuracy', 'relative_deviation'
+    'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
+    'hard_landmarks',
+    'hard_problem', 'kernel_bound', 'official_float32_iterate', 'pinv_accuracy',
+    'relative_deviation'
 ]
 
-HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity')
+HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity',
+                'boundary')
+KERNEL_BOUND = 1e-3
+
+# The ways to compute A⁺·Z (``newton_pinv_apply`` arguments; 'tf32' with the plans'
+# schedule, ``AttentionPlan.tf32_float32_steps``). ``PLAN_PATHS`` are those a plan may
+# take; the others are measured alternatives that miss ``KERNEL_BOUND`` on some hard
+# kernels (float32 eigh on near-rank-1 ones, the thin application near the boundary).
+PINV_PATHS = {
+    'iterative': dict(method='iterative'),
+    'spectral': dict(method='spectral', eigh_dtype='float64'),
+    'tf32': dict(method='tf32'),
+    'tf32, padded to 8': dict(method='tf32', pad_to=8),
+    'tf32x3': dict(method='tf32x3'),
+    'iterative, thin': dict(method='iterative', thin=True),
+    'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
+}
+PLAN_PATHS = ('iterative', 'spectral', 'tf32', 'tf32, padded to 8', 'tf32x3')
+
+
+def kernel_bound(floor):
+    """The bound on a hard kernel's deviation: ``KERNEL_BOUND``, or twice the official
+    float32 iteration's deviation ``floor`` where that is larger (near the step size's
+    boundary, where the iterate is ill-conditioned)."""
+    return max(KERNEL_BOUND, 2 * floor)
 
 
 def hard_landmarks(kind, m, d=32, seed=0):
@@ -24,7 +53,10 @@ def hard_landmarks(kind, m, d=32, seed=0):
     'clustered': 4 tight clusters (cond ~5e2); 'pooled': 2×2 means of smooth tokens, as
     SOFT pools them (cond ~2e4 at m = 196); 'duplicated': a quarter of the landmarks twice
     (singular); 'near_rank1': all near one point (cond ~2e7); 'near_identity': far apart,
-    squared norms ~20 (αλ² close to 2). 'pooled' needs m = k² (k even or odd).
+    squared norms ~20 (αλ² close to 2); 'boundary': farther apart, squared norms ~35, the
+    top eigenvalues within ~1e-5 of the step size's boundary αλ² = 2 (the iterate is
+    ill-conditioned there: the official float32 iteration deviates up to 1e-2, and TF32
+    rounding of V₀ made it diverge). 'pooled' needs m = k² (k even or odd).
     """
     g = torch.Generator().manual_seed(seed)
 
@@ -48,12 +80,14 @@ def hard_landmarks(kind, m, d=32, seed=0):
         return randn(1, d) + 1e-2 * randn(m, d)
     if kind == 'near_identity':
         return randn(m, d) * (20 / d)**0.5
+    if kind == 'boundary':
+        return randn(m, d) * (35 / d)**0.5
     raise ValueError(f'kind must be one of {HARD_KERNELS}, got {kind!r}')
 
 
 def official_float32_iterate(A, iters=20):
     """The official code's iterate in float32, V ← 2V - (V·A)·V from V₀ = αA (one α per
-    matrix, SPEC 1.1 step 5): the accuracy floor of every default path."""
+    matrix; paper Alg. 2): what the paths' deviations are reported against."""
     A = A.float()
     V = newton_alpha(A) * A
     for _ in range(iters):
@@ -86,24 +120,24 @@ def hard_problem(kind, m, seed=0, n=32):
     return A, Z, ref, relative_deviation(official_float32_iterate(A) @ Z, ref)
 
 
-def pinv_accuracy(kind, m, seed=0, n=32,
-                  methods=('iterative', 'spectral', 'tf32', 'tf32x3')):
-    """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path,
-    next to the official float32 iteration's (the floor; ``hard_problem``).
+def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS):
+    """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path
+    (``PINV_PATHS``), next to the official float32 iteration's (``hard_problem``).
 
     Returns:
-        dict: ``floor`` (the official float32 deviation) and, per method,
-        ``'<method> inference'`` (no gradient) and ``'<method> training'`` (the path with
-        gradients), each as a ratio to the floor.
+        dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
+        per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
+        path with gradients; the thin path has none), each the deviation (inf where not
+        finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
-    out = dict(floor=floor)
-    for method in methods:
-        with torch.no_grad():
-            W = newton_pinv_apply(A, Z, method=method, nonnegative=True)
-        out[f'{method} inference'] = relative_deviation(W, ref) / floor
-        with torch.enable_grad():
-            W = newton_pinv_apply(A.clone().requires_grad_(), Z, method=method,
-                                  nonnegative=True)
-        out[f'{method} training'] = relative_deviation(W.detach(), ref) / floor
+    out = dict(floor=floor, bound=kernel_bound(floor))
+    for name in paths:
+        kwargs = PINV_PATHS[name]
+        for grad in ((False, ) if kwargs.get('thin') else (False, True)):
+            with torch.set_grad_enabled(grad):
+                W = newton_pinv_apply(A.clone().requires_grad_(grad), Z, nonnegative=True,
+                                      **kwargs).detach()
+            dev = relative_deviation(W, ref) if torch.isfinite(W).all() else float('inf')
+            out[f'{name} {"training" if grad else "inference"}'] = dev
     return out

@@ -350,21 +350,22 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
 
 
 def test_pinv_accuracy_tool(capsys):
-    """tools/analysis_tools/pinv_accuracy.py: a row per kernel, size and seed with the floor
-    and each path's ratio to it; the exact default paths within 2×, 'tf32' (emulated)
-    far below the floor on clustered landmarks (up to 47× measured)."""
+    """tools/analysis_tools/pinv_accuracy.py: a row per kernel, size and seed with the
+    official float32 iteration's deviation, the bound and each path's deviation; the paths
+    a plan may take within the bound, float32 eigh beyond it on near-rank-1 landmarks
+    (marked '>')."""
     pinv_accuracy = load_tool('tools/analysis_tools/pinv_accuracy.py')
-    rows = pinv_accuracy.main(['--kinds', 'clustered', 'near_identity', '--sizes', '64',
+    rows = pinv_accuracy.main(['--kinds', 'clustered', 'near_rank1', '--sizes', '64',
                                '--seeds', '0', '1'])
     assert [(r['kind'], r['seed']) for r in rows] == [('clustered', 0), ('clustered', 1),
-                                                     ('near_identity', 0),
-                                                     ('near_identity', 1)]
+                                                     ('near_rank1', 0), ('near_rank1', 1)]
     for r in rows:
-        assert 0 < r['floor'] < 1e-4
-        for path in ('iterative inference', 'iterative training', 'spectral inference',
-                     'spectral training'):
-            assert r[path] <= 2, (r['kind'], path, r[path])
-    assert all(r['tf32 inference'] > 5 for r in rows if r['kind'] == 'clustered')
-    assert all(r['tf32x3 inference'] <= 2 and r['tf32x3 training'] <= 2 for r in rows)
+        assert 0 < r['floor'] < 1e-3 and r['bound'] == 1e-3
+        for path in ('iterative', 'spectral', 'tf32', 'tf32x3'):
+            for step in ('inference', 'training'):
+                assert r[f'{path} {step}'] <= r['bound'], (r['kind'], path, step)
+    assert all(r['spectral, float32 eigh inference'] > r['bound'] for r in rows
+               if r['kind'] == 'near_rank1')
     out = capsys.readouterr().out
-    assert '| clustered | 64 | 0 |' in out and 'worst: iterative inference' in out
+    assert '| clustered | 64 | 0 |' in out and 'worst, as a share of the bound:' in out
+    assert '| >' in out

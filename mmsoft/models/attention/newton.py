@@ -1,32 +1,42 @@
-"""The Newton–Raphson pseudo-inverse of SOFT's landmark kernel (SPEC 1.1 step 5).
+"""The Newton–Raphson pseudo-inverse of SOFT's landmark kernel.
 
 Paper Alg. 2 ("alternative form"): V₀ = αA, V_{k+1} = 2V_k - V_k·A·V_k for T = 20 steps,
 α chosen per matrix; paper Eq. 16 for the backward pass. Every way below computes that
 same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 
-    'iterative'  the matrix iteration in float32: 2T products of m×m matrices, also
-                 without gradients (applying steps to the thin Z instead is cheaper but
-                 does not correct its own rounding: docs/en/notes/numerics.md).
-    'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues; in
-                 float64 also for a float32 A (``_spectral_factors``).
-    'tf32'       the iteration with TF32 tensor-core products (CUDA) for the first
-                 T - ``TF32_FP32_STEPS`` steps and float32 for the last ones, which
-                 correct the early rounding in the converged directions only (see
-                 ``TF32_FP32_STEPS``). Off CUDA the TF32 rounding is emulated (slow; for
-                 checking numerics). Below the accuracy floor on hard kernels.
+    'iterative'  the matrix iteration in float32: 2T products of m×m matrices (formed,
+                 as training keeps it for backward). ``newton_pinv_apply(thin=True)``
+                 applies the steps to the thin matrix instead (T m×m products; not in
+                 any plan: ``_apply_thin``).
+    'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues,
+                 applied to the thin matrix (``_spectral_factors``; ``eigh_dtype``
+                 float64 or float32 for a float32 A).
+    'tf32'       the iteration with TF32 tensor-core products (CUDA) between float32
+                 steps: ``tf32_float32_steps`` = (first, last) float32 steps. The first
+                 float32 step keeps eigenvalues on the step size's boundary (αλ² ≈ 2,
+                 near-identity kernels) from being pushed over it by TF32 rounding,
+                 where the iterate diverges; the last ones correct the TF32 rounding in
+                 the converged directions (``_schedule``). Off CUDA the TF32 rounding is
+                 emulated (``truncate_tf32``; slow, for checking numerics).
     'tf32x3'     the iteration with every float32 product made of three TF32 products of
                  split operands, x = hi + lo with hi = x rounded to TF32:
                  hi·hi + hi·lo + lo·hi (``_split_bmm``), which keeps float32 accuracy on
                  tensor cores. Emulated off CUDA, like 'tf32'.
-    'auto'       per device type and size, from measurements (``plan.py``).
+    'auto'       per device type and size, from measurements (``plan.py``), which also
+                 sets the options above where they are not given.
 
-Accuracy (float32 A): the reference is the float64 T-step iterate of the same A; the
-floor is the official code's float32 iteration, 2V - (V·A)·V. On kernels that are hard
-for it (clustered, pooled, duplicated, near-rank-1 and near-identity landmarks, m = 32 to
-300) 'iterative' and 'spectral' stay within 1.6× and 0.2× of that floor's output
-deviation, in inference and training, over seeds and thread / SIMD settings
-(``tests/models/attention/test_attention.py``,
-``test_default_paths_meet_the_official_float32_floor``).
+The iterations can run on A zero-padded to a multiple of ``pad_to`` landmarks (aligned
+sizes for tensor cores): A's block never mixes with the zero block and α is unchanged,
+so the iterate is the same.
+
+Accuracy is judged on the network's outputs (docs/en/notes/numerics.md): each output
+map of a default path within 1e-5 of the float64 computation in the official order, on
+real images, and a training step's gradients within 1e-4
+(``tests/models/backbones/test_fidelity.py``). On landmark kernels that are hard for
+float32 (clustered, pooled, duplicated, near-rank-1 and near-identity landmarks) every
+path stays finite and within 1e-3 of the float64 iterate, or within 2× the official
+float32 iteration's deviation where that itself misses 1e-3
+(``tests/models/attention/test_attention.py``).
 
 'regularized' (``regularized_apply``) is a fast mode that is *not* the iterate.
 Shapes: ... leading batch dimensions, m landmarks.
@@ -34,28 +44,19 @@ Shapes: ... leading batch dimensions, m landmarks.
 from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.nn.functional as F
 
 from .plan import EXACT_PINV_METHODS, compute_dtype, device_type, plan_for
 
 __all__ = [
-    'PINV_METHODS', 'TF32_FP32_STEPS', 'newton_alpha', 'newton_pinv',
-    'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse', 'regularized_apply',
-    'resolve_pinv_method', 'round_tf32'
+    'PINV_METHODS', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
+    'normalize_inverse', 'regularized_apply', 'resolve_pinv_method', 'round_tf32',
+    'truncate_tf32'
 ]
 
 # 'auto': the device's plan (``plan.py``); 'regularized' is a fast mode: not the T-step
 # iterate (see ``regularized_apply``).
 PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
-
-# Float32 steps that end the 'tf32' schedule. Measured on the 84 landmark kernels of
-# SOFT-S on a photo at 800×1344 (H100), relative to the float64 iterate: 20 TF32 steps
-# 5.6e-4, 18 TF32 + 2 float32 2.1e-5, 15 TF32 + 5 float32 4.4e-6. The float32 steps do
-# not repair the TF32 rounding in directions that are still converging (small
-# eigenvalues, where the iterate doubles errors instead of squaring them): on the hard
-# kernels of ``tests/models/attention/test_attention.py`` (emulated TF32) 15 + 5 steps
-# were up to 47× the official float32 iteration's deviation, and near-identity kernels
-# (αλ² ≈ 2) can diverge once A's entries are rounded to TF32. So 'tf32' is opt-in, never 'auto'.
-TF32_FP32_STEPS = 5
 
 
 def resolve_pinv_method(method, m, device_type='cpu', iters=20):
@@ -77,7 +78,7 @@ def resolve_pinv_method(method, m, device_type='cpu', iters=20):
 
 
 def newton_alpha(A, max_halvings=10, nonnegative=False):
-    """Initial step α of the Newton–Raphson inverse, chosen per matrix (SPEC 1.1 step 5).
+    """Initial step α of the Newton–Raphson inverse, chosen per matrix (paper Alg. 2).
 
     α = 2 / (max row sum of |A|)², halved while ||I - α·A·A||₁ > 1.01 (at most
     ``max_halvings`` times). ||·||₁ is the max column sum of absolute values.
@@ -131,12 +132,23 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
 
 def round_tf32(x):
     """float32 values rounded to TF32 (10 mantissa bits, round to nearest, ties to even),
-    still stored as float32: what tensor cores do to the operands of a TF32 product."""
+    still stored as float32: exact in a TF32 product, whatever conversion it applies."""
     if x.dtype != torch.float32:
         raise TypeError(f'round_tf32 rounds float32 tensors, got {x.dtype}')
     bits = x.contiguous().view(torch.int32)
     bias = ((bits >> 13) & 1) + 0x0FFF
     return ((bits + bias) & -0x2000).view(torch.float32)
+
+
+def truncate_tf32(x):
+    """float32 values cut to TF32 (the low 13 mantissa bits dropped, rounding toward
+    zero), still stored as float32. Tensor cores convert float32 operands of a TF32
+    product either this way or to nearest; the emulation of 'tf32' off CUDA takes this,
+    the worse of the two (twice the error bound, and biased toward zero), so that the
+    accuracy it shows holds on the GPU too."""
+    if x.dtype != torch.float32:
+        raise TypeError(f'truncate_tf32 cuts float32 tensors, got {x.dtype}')
+    return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
 
 
 @contextmanager
@@ -163,11 +175,11 @@ def _cuda_tf32_matmuls():
 
 def _split_tf32(x, emulate):
     """x = hi + lo with hi = x rounded to TF32 (exact in a TF32 product) and lo = x - hi
-    (exact in float32; rounded to TF32 here when ``emulate``, by the tensor cores on CUDA).
+    (exact in float32; cut to TF32 here when ``emulate``, by the tensor cores on CUDA).
     """
     hi = round_tf32(x)
     lo = x - hi
-    return hi, round_tf32(lo) if emulate else lo
+    return hi, truncate_tf32(lo) if emulate else lo
 
 
 def _split_bmm(a, b):
@@ -191,37 +203,66 @@ def _newton_steps_split(A, V, steps):
     return V
 
 
-def _newton_steps(A, V, steps, tf32=False, split=False):
-    """``steps`` steps V ← 2V - V·(A·V) (Alg. 2), in TF32 products if ``tf32``, in split
-    TF32 products of float32 accuracy if ``split`` ('tf32x3').
+def _newton_steps(A, V, steps, precision='float32'):
+    """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
+    'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA, the operands'
+    rounding emulated elsewhere) or 'tf32x3' (three TF32 products of split operands:
+    float32 accuracy, ``_split_bmm``). TF32 rounds float32 operands only: a float64 A
+    runs every step in float64.
 
     A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
     """
     if steps <= 0:
         return V
-    if split and A.dtype == torch.float32:
-        with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
-            return _newton_steps_split(A, V, steps)
-    if not tf32 or A.dtype != torch.float32:  # TF32 rounds float32 operands only
+    if precision == 'float32' or A.dtype != torch.float32:
         for _ in range(steps):
             V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
         return V
+    if precision == 'tf32x3':
+        with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
+            return _newton_steps_split(A, V, steps)
     if A.is_cuda:
         with _cuda_tf32_matmuls():
             return _newton_steps(A, V, steps)
-    # Emulation: the operands of every product rounded to TF32, float32 accumulation.
-    A = round_tf32(A)
+    # Emulation: the operands of every product cut to TF32 (``truncate_tf32``), float32
+    # accumulation.
+    A = truncate_tf32(A)
     for _ in range(steps):
-        AV = A @ round_tf32(V)
-        V = torch.baddbmm(V, round_tf32(V), round_tf32(AV), beta=2, alpha=-1)
+        Vt = truncate_tf32(V)
+        V = torch.baddbmm(V, Vt, truncate_tf32(A @ Vt), beta=2, alpha=-1)
     return V
+
+
+def _schedule(method, iters, tf32_float32_steps=(1, 2)):
+    """The iteration's steps as [(count, precision), ...] (``_newton_steps``).
+
+    'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
+    TF32 steps. Why float32 at both ends (hard kernels, emulated TF32, rounding to
+    nearest and truncation alike; docs/en/notes/numerics.md):
+
+    - first: on near-identity kernels (landmarks far apart) the top eigenvalues sit on
+      the boundary of the official step size, αλ² ≈ 2 (1 - αλ² ≈ -1). Rounding V₀ = αA to
+      TF32 can push αλ² over 2, after which the step squares |1 - λv| > 1 and the iterate
+      diverges (to inf within 20 steps). One float32 step maps them to 1 - λv ≈ +1,
+      from where TF32 rounding no longer diverges.
+    - last: Newton's step squares the error in converged directions (E → -E·A·E), so
+      float32 steps at the end remove most TF32 rounding there; with none, hard kernels
+      end 1.5e-3–2.6e-3 from the float64 iterate, with two, within 3.1e-4.
+    """
+    if method == 'iterative':
+        return [(iters, 'float32')]
+    if method == 'tf32x3':
+        return [(iters, 'tf32x3')]
+    first = min(tf32_float32_steps[0], iters)
+    last = min(tf32_float32_steps[1], iters - first)
+    return [(first, 'float32'), (iters - first - last, 'tf32'), (last, 'float32')]
 
 
 def _spectral_filter(lam, alpha, iters):
     """v_T(λ): what T Newton–Raphson steps from V₀ = αA do to an eigenvalue λ of A.
 
-    Every iterate is a polynomial in A, so on an eigenpair (λ, u) it acts as
-    v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, with v_T(λ) → α·λ·2^T as λ → 0 (SPEC 1.1).
+    Every iterate is a polynomial in A (V₀ = αA commutes with A), so on an eigenpair
+    (λ, u) it acts as v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, with v_T(λ) → α·λ·2^T as λ → 0.
     """
     a = alpha.squeeze(-1)
     x = a * lam * lam  # αλ², (..., m)
@@ -235,36 +276,31 @@ def _spectral_filter(lam, alpha, iters):
                        a * lam * float(2**iters))
 
 
-def _spectral_factors(A, alpha, iters):
+def _spectral_factors(A, alpha, iters, eigh_dtype=torch.float64):
     """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of symmetric A (..., m, m).
 
-    A = U·Λ·Uᵀ by eigh in float64, also for a float32 A. A float32 decomposition is exact
-    only to ~eps·||A||, which moves the filter of eigenvalues near where it turns over
-    (αλ²·2^T ≈ 1) and mixes eigenvectors of close eigenvalues: up to 400× the official
-    float32 iteration's deviation on hard kernels, 222× on a SOFT-S stage-1 kernel at
-    800×1344. Correcting it to first order from Uᵀ·A·U in float64 met the floor but cost
-    more than a float64 eigh (1.03 s against 0.77 s for 10 kernels of m = 1050 on a 2-core
-    CPU; float32 eigh 0.45 s); docs/en/notes/numerics.md.
+    A = U·Λ·Uᵀ by eigh in ``eigh_dtype`` (float64 or float32; never below A's dtype). A
+    float32 decomposition is exact only to ~eps·||A||, which moves the filter of
+    eigenvalues near where it turns over (αλ²·2^T ≈ 1) and mixes eigenvectors of close
+    eigenvalues: up to 400× the official float32 iteration's deviation on hard
+    kernels, yet within 1e-6 of the float64 computation on SOFT-S's output maps
+    (docs/en/notes/numerics.md).
 
     Returns:
-        (Tensor, Tensor): U (..., m, m) and v (..., m), float64 for a float32 A (applied
-        to the thin Z in float64 too), else in A's dtype.
+        (Tensor, Tensor): U (..., m, m) and v (..., m) in the decomposition's dtype, in
+        which they are applied to the thin Z too.
     """
-    wide = torch.float64 if A.dtype == torch.float32 else A.dtype
+    wide = torch.promote_types(A.dtype, eigh_dtype)
     lam, U = torch.linalg.eigh(A.to(wide))
     return U, _spectral_filter(lam, alpha.to(wide), iters)
 
 
-def _iteration_start(A, iters, method, nonnegative):
-    """Where the float32 steps of 'iterative' / 'tf32' / 'tf32x3' begin: (A3, V, steps)
-    with A as (b, m, m), V = V₀ = αA ('iterative', 'tf32x3') or V after the TF32 steps
-    ('tf32'), and the number of float32 steps still to run."""
-    alpha = newton_alpha(A, nonnegative=nonnegative)
-    m = A.shape[-1]
-    A3 = A.reshape(-1, m, m)
-    V = alpha.reshape(-1, 1, 1) * A3
-    low = max(iters - TF32_FP32_STEPS, 0) if method == 'tf32' else 0
-    return A3, _newton_steps(A3, V, low, tf32=True), iters - low
+def _padded(A, pad_to):
+    """A (..., m, m) zero-padded to a multiple of ``pad_to`` landmarks. The iterations from
+    V₀ = αA (α of the unpadded A) give the same iterate in the leading m×m block: A's
+    block never mixes with the zero block, which stays zero."""
+    pad = -A.shape[-1] % pad_to
+    return F.pad(A, (0, pad, 0, pad)) if pad else A
 
 
 class _NewtonInverse:
@@ -281,13 +317,18 @@ class _NewtonInverse:
         self.method, self.factors = method, factors
 
     @classmethod
-    def of(cls, A, iters, method, nonnegative):
+    def of(cls, A, iters, method, nonnegative, options):
+        alpha = newton_alpha(A, nonnegative=nonnegative)
         if method == 'spectral':
-            alpha = newton_alpha(A, nonnegative=nonnegative)
-            return cls(method, *_spectral_factors(A, alpha, iters))
-        A3, V, steps = _iteration_start(A, iters, method, nonnegative)
-        V = _newton_steps(A3, V, steps, split=method == 'tf32x3')
-        return cls(method, V.reshape(A.shape))
+            dtype = getattr(torch, options['eigh_dtype'])
+            return cls(method, *_spectral_factors(A, alpha, iters, dtype))
+        m = A.shape[-1]
+        A3 = _padded(A, options['pad_to'])
+        A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
+        V = alpha.reshape(-1, 1, 1) * A3
+        for steps, precision in _schedule(method, iters, options['tf32_float32_steps']):
+            V = _newton_steps(A3, V, steps, precision)
+        return cls(method, V[:, :m, :m].reshape(A.shape))
 
     def matrix(self, dtype):
         """Y in ``dtype`` (A's)."""
@@ -306,12 +347,42 @@ class _NewtonInverse:
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
 
+def _apply_thin(A, Z, iters, nonnegative, pad_to):
+    """A⁺·Z by the float32 iterate applied to the thin Z, without forming A⁺ (inference).
+
+    With X_k = A·V_k, every step is V_{k+1} = V_k·(2I - X_k) and X_{k+1} = 2X_k - X_k²
+    (all polynomials in A commute), so Y·Z = αA·(2I - X_0)···(2I - X_{T-1})·Z: T m×m
+    products (X_0 = αA², then T - 1 squarings) and T + 1 thin ones, instead of the 2T
+    m×m products of the formed iterate. The rounding of the factors is not corrected by
+    later steps as a formed step corrects V's (up to 270× the official float32
+    iteration's deviation on duplicated landmarks, and 3e-3–1e-2 from the float64
+    iterate on kernels near the step size's boundary, where the official float32
+    iteration is within 1.4e-4–8e-6). On SOFT-S's output maps it stays within the 1e-5
+    floor (docs/en/notes/numerics.md).
+    """
+    m = A.shape[-1]
+    alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
+    A3 = _padded(A, pad_to)
+    A3 = A3.reshape(-1, *A3.shape[-2:])
+    Z3 = Z.reshape(-1, *Z.shape[-2:])
+    if A3.shape[-1] != m:
+        Z3 = F.pad(Z3, (0, 0, 0, A3.shape[-1] - m))
+    X = alpha * (A3 @ A3)  # X_0 = A·V_0
+    W = Z3
+    for k in range(iters):
+        W = torch.baddbmm(W, X, W, beta=2, alpha=-1)  # (2I - X_k)·W
+        if k + 1 < iters:
+            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)  # X_{k+1} = 2X_k - X_k²
+    W = alpha * (A3 @ W)  # V_0·W
+    return W[:, :m].reshape(Z.shape)
+
+
 class _NewtonPinv(torch.autograd.Function):
     """Y = A⁺ by Newton–Raphson; backward treats Y as an exact inverse (paper Eq. 16)."""
 
     @staticmethod
-    def forward(ctx, A, iters, method, nonnegative):
-        Y = _NewtonInverse.of(A, iters, method, nonnegative).matrix(A.dtype)
+    def forward(ctx, A, iters, method, nonnegative, options):
+        Y = _NewtonInverse.of(A, iters, method, nonnegative, options).matrix(A.dtype)
         ctx.save_for_backward(Y)
         return Y
 
@@ -319,7 +390,7 @@ class _NewtonPinv(torch.autograd.Function):
     def backward(ctx, grad_Y):
         Y, = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
-        return -Yt @ grad_Y @ Yt, None, None, None
+        return -Yt @ grad_Y @ Yt, None, None, None, None
 
 
 class _NewtonPinvApply(torch.autograd.Function):
@@ -331,8 +402,8 @@ class _NewtonPinvApply(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A, Z, iters, method, nonnegative):
-        inv = _NewtonInverse.of(A, iters, method, nonnegative)
+    def forward(ctx, A, Z, iters, method, nonnegative, options):
+        inv = _NewtonInverse.of(A, iters, method, nonnegative, options)
         W = inv.apply(Z)
         ctx.method = method
         ctx.save_for_backward(W, *inv.factors)
@@ -342,10 +413,29 @@ class _NewtonPinvApply(torch.autograd.Function):
     def backward(ctx, grad_W):
         W, *factors = ctx.saved_tensors
         grad_Z = _NewtonInverse(ctx.method, *factors).apply(grad_W, transpose=True)
-        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None
 
 
-def newton_pinv(A, iters=20, method='auto', nonnegative=False):
+def _options(A, **given):
+    """The options ``given``, those left None the plan's for A's device type."""
+    if any(v is None for v in given.values()):
+        planned = plan_for(A.device.type).pinv_options()
+        given = {k: planned.get(k) if v is None else v for k, v in given.items()}
+    if given['eigh_dtype'] not in ('float32', 'float64'):
+        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got "
+                         f"{given['eigh_dtype']!r}")
+    if not isinstance(given['pad_to'], int) or given['pad_to'] < 1:
+        raise ValueError(f"pad_to must be an int >= 1, got {given['pad_to']!r}")
+    steps = given['tf32_float32_steps']
+    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
+            or any(not isinstance(n, int) or n < 0 for n in steps)):
+        raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
+                         f'and after the TF32 ones), got {steps!r}')
+    return dict(given, tf32_float32_steps=tuple(steps))
+
+
+def newton_pinv(A, iters=20, method='auto', nonnegative=False, *, eigh_dtype=None,
+                tf32_float32_steps=None, pad_to=None):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -361,6 +451,13 @@ def newton_pinv(A, iters=20, method='auto', nonnegative=False):
             same value up to rounding. ('regularized' exists only for ``soft_attention``.)
         nonnegative (bool): A is symmetric with nonnegative entries; α is then found in
             O(m²) (same value, see ``newton_alpha``).
+        eigh_dtype (str, optional): 'float64' or 'float32': 'spectral''s
+            eigendecomposition of a float32 A.
+        tf32_float32_steps (tuple[int, int], optional): 'tf32''s float32 steps before and
+            after its TF32 steps (``_schedule``).
+        pad_to (int, optional): the iterations run on A zero-padded to a multiple of this
+            many landmarks (aligned sizes for tensor cores; same iterate).
+        The options left None are the plan's for A's device type (``plan.py``).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
@@ -368,28 +465,43 @@ def newton_pinv(A, iters=20, method='auto', nonnegative=False):
     if method == 'regularized':
         raise ValueError("method='regularized' never forms the inverse; it is only "
                          'available in soft_attention')
+    options = _options(A, eigh_dtype=eigh_dtype, tf32_float32_steps=tf32_float32_steps,
+                       pad_to=pad_to)
     with torch.autocast(device_type=device_type(A), enabled=False):
-        return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative)
+        return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
+                                 options)
 
 
-def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False):
+def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False, *, eigh_dtype=None,
+                      tf32_float32_steps=None, pad_to=None, thin=False):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
-    'tf32' and 'tf32x3' form A⁺ (with or without gradients: see the module docstring);
-    'spectral' never forms it.
+    'tf32' and 'tf32x3' form A⁺ (training keeps it for backward); 'spectral' never forms
+    it; without gradients 'iterative' with ``thin`` applies its steps to Z
+    (``_apply_thin``).
 
     Args:
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): a method of ``PINV_METHODS`` other than 'auto' or 'regularized'.
+        eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
+        thin (bool): 'iterative' without gradients applies its steps to Z
+            (``_apply_thin``: half the m×m products; beyond 1e-3 of the float64 iterate on
+            kernels near the step size's boundary, so no plan uses it).
+        The options left None are the plan's for A's device type (``plan.py``).
     Returns:
         Tensor: (..., m, n)
     """
     if method in ('auto', 'regularized'):
         raise ValueError(f'newton_pinv_apply needs a concrete iterate method, got '
                          f'{method!r} (see resolve_pinv_method)')
-    return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative)
+    options = _options(A, eigh_dtype=eigh_dtype, tf32_float32_steps=tf32_float32_steps,
+                       pad_to=pad_to)
+    grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
+    if method == 'iterative' and thin and not grad:
+        return _apply_thin(A, Z, iters, nonnegative, options['pad_to'])
+    return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative, options)
 
 
 def regularized_apply(A, Z, iters=20):

@@ -6,6 +6,11 @@ changes what is computed, only how (up to float rounding):
 
     pinv               how 'auto' computes the 20-step Newton–Raphson iterate, by the
                        landmark count m (``newton.py``)
+    eigh_dtype         'spectral': the eigendecomposition's dtype for a float32 kernel
+                       ('float64' or 'float32')
+    tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
+    pinv_pad           the iterations run on the kernel zero-padded to a multiple of
+                       this many landmarks (1: none)
     kernel_chunk       row chunks of P = κ(Q, Q̃) of about this many elements, when P is
                        not formed whole (``soft.py``)
     kernel_once_up_to  without gradients P is formed whole up to this many elements
@@ -56,6 +61,10 @@ class AttentionPlan:
     Args:
         pinv (tuple[tuple[int | None, str]] | str): (largest m, method) pairs tried in
             order, the last with None (every m); a method name means every m.
+        eigh_dtype (str): 'float64' or 'float32'.
+        tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
+            TF32 steps.
+        pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
@@ -63,6 +72,9 @@ class AttentionPlan:
         order (str): 'thin' or 'official'.
     """
     pinv: Tuple[Tuple[Optional[int], str], ...] = ((None, 'iterative'), )
+    eigh_dtype: str = 'float64'
+    tf32_float32_steps: Tuple[int, int] = (1, 8)
+    pinv_pad: int = 1
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     local_conv_layout: str = 'images'
@@ -79,6 +91,16 @@ class AttentionPlan:
             if method not in EXACT_PINV_METHODS:
                 raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
                                  f'{method!r}')
+        if self.eigh_dtype not in ('float32', 'float64'):
+            raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got "
+                             f'{self.eigh_dtype!r}')
+        steps = self.tf32_float32_steps
+        if (not isinstance(steps, (tuple, list)) or len(steps) != 2
+                or any(not isinstance(n, int) or n < 0 for n in steps)):
+            raise ValueError(f'tf32_float32_steps must be two ints >= 0, got {steps!r}')
+        object.__setattr__(self, 'tf32_float32_steps', tuple(steps))
+        if not isinstance(self.pinv_pad, int) or self.pinv_pad < 1:
+            raise ValueError(f'pinv_pad must be an int >= 1, got {self.pinv_pad!r}')
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         once = self.kernel_once_up_to
@@ -96,6 +118,12 @@ class AttentionPlan:
             if max_m is None or m <= max_m:
                 return method
 
+    def pinv_options(self):
+        """How the iterate is computed besides its method, as ``newton_pinv_apply``'s
+        keyword arguments."""
+        return dict(eigh_dtype=self.eigh_dtype, tf32_float32_steps=self.tf32_float32_steps,
+                    pad_to=self.pinv_pad)
+
 
 # The measurements behind the values (tools/analysis_tools/benchmark.py; docs/en/benchmarks.md,
 # docs/en/notes/per_device_plans.md; the GPU report in docs/benchmark/cuda_h100/).
@@ -112,11 +140,33 @@ class AttentionPlan:
 #   1025: 'iterative' 2.0 / 1.6 / 4.1 / 46.1 ms, eigh (cuSOLVER, one matrix at a time)
 #   1.3 / 34.5 / 78.0 / 241.5 ms, 'tf32x3' 5.1 / 6.5 / 8.8 / 78.0 ms (54.0 with m padded
 #   to a multiple of 8, which leaves 'iterative' at 46.4 ms). 'tf32' is faster at
-#   m = 1025 (27.3 ms, 21.1 padded) but below the accuracy floor on hard kernels
-#   (``newton.TF32_FP32_STEPS``), so it stays opt-in. 'tf32x3' meets the floor
-#   (emulated: ≤ 1.40× the official float32 iteration's deviation,
-#   `tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`; the
-#   CUDA parity tests pass with it) but is slower there than float32: opt-in too.
+#   m = 1025 (27.3 ms, 21.1 padded; its schedule then: 15 TF32 + 5 float32 steps), but
+#   that schedule diverged on kernels near the step size's boundary. With the schedule
+#   below it keeps both floors, emulated; its speed and its floor on CUDA itself are
+#   measured by the device report's matmul, pinv and fidelity steps, and until then
+#   CUDA keeps 'iterative'. 'tf32x3' keeps both floors too (emulated; the CUDA parity
+#   tests pass with it) but was slower there than float32: opt-in too.
+#
+# eigh_dtype ('spectral'): float64 on every device. Float32 eigh would take SOFT-S's CPU
+#   forward at 800×1344 from 5.86× to ~3.6× Swin-T's (`--sections modes`: 5.24 s against
+#   8.46 s) and keeps the output floor on real images (worst map 6.3e-6 at 800×1344, 6
+#   images; `tools/analysis_tools/fidelity.py --size 800x1344 --paths default
+#   spectral32`), but misses the hard-kernel bound on near-rank-1 landmarks (1.6e-3 to
+#   3.3e-3 from the float64 iterate, bound 1e-3; `tools/analysis_tools/pinv_accuracy.py
+#   --seeds 0 1 2 3`).
+#
+# tf32_float32_steps ('tf32'; every plan): (1, 8), TF32 emulated by truncation (the worse
+#   of the conversions tensor cores apply). The first float32 step keeps kernels near
+#   the step size's boundary from diverging (the 'boundary' kernels of mmsoft.testing:
+#   without it 15× the hard-kernel bound, to inf when rounding to nearest); the last
+#   ones bring SOFT-S's output maps back within the 1e-5 floor: worst map over
+#   astronaut, rocket and the text page at 640×640 (`fidelity.py --size 640x640`), last
+#   float32 steps 3 / 4 / 5 / 6 / 7 / 8: 3.7e-5 / 2.1e-5 / 1.2e-5 / 7.8e-6 / 5.5e-6 /
+#   4.3e-6 (rounding to nearest: 6.2e-6 / 3.4e-6 at 3 / 4); at 800×1344 (3 images) 6
+#   steps give 2.2e-6.
+#
+# pinv_pad: 1 on every device (none). Zero padding changes no value; on the H100 it
+#   sped up 'tf32' (27.3 → 21.1 ms at m = 1025 padded to 1032) and not 'iterative'.
 #
 # kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
 #   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)

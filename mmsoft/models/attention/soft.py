@@ -246,7 +246,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if method == 'regularized':
             W = regularized_apply(A, Z, iters)
         else:
-            W = newton_pinv_apply(A, Z, iters, method, nonnegative=True)
+            W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
+                                  **plan.pinv_options())
         if normalize:
             W = d_inv_sqrt * W
         if chunked:

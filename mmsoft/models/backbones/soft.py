@@ -237,17 +237,16 @@ class SOFT(Backbone):
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
             same result up to rounding: 'iterative' runs the matrix iterations in float32,
             'spectral' evaluates them through one eigendecomposition, 'tf32' runs the
-            first T - 5 steps with TF32 tensor-core products (CUDA; emulated elsewhere)
-            and the last 5 in float32, which correct them only where the iterate has
-            converged (below the official float32 accuracy on hard kernels); 'tf32x3'
+            middle steps with TF32 tensor-core products (CUDA; emulated elsewhere) between
+            float32 steps (the plan's ``tf32_float32_steps``: 1 first, 8 last), 'tf32x3'
             makes every float32 product from three TF32 products of split operands
-            (float32 accuracy on tensor cores; emulated off CUDA); 'auto' (default) picks per
-            device and landmark count from measurements
-            (the device's plan, ``mmsoft.models.attention.PLANS``: on CPU spectral above 128
-            landmarks, on CUDA iterative). 'regularized' is a fast mode that is *not*
-            the iterate: a Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one
-            Cholesky factorization (``mmsoft.models.attention.regularized_apply``;
-            deviation from the reference: docs/en/benchmarks.md).
+            (float32 accuracy on tensor cores; emulated off CUDA); 'auto' (default) picks
+            per device and landmark count from measurements (the device's plan,
+            ``mmsoft.models.attention.PLANS``: on CPU spectral above 128 landmarks, on
+            CUDA iterative). 'regularized' is a fast mode that is *not* the iterate: a
+            Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one Cholesky factorization
+            (``mmsoft.models.attention.regularized_apply``; deviation from the reference:
+            docs/en/benchmarks.md).
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
             (queries are average-pooled before the landmark conv when the r×r windows
             would give more), so cost stays linear in the number of tokens. None (the

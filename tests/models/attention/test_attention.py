@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from mmsoft.testing import HARD_KERNELS, hard_problem, relative_deviation
+from mmsoft.testing import (HARD_KERNELS, PLAN_PATHS, hard_problem, kernel_bound,
+                            pinv_accuracy, relative_deviation)
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
@@ -410,80 +411,110 @@ def test_round_tf32_keeps_ten_mantissa_bits():
 
 
 # ------------------------------------------------------------------------------------
-# Accuracy floor on kernels that are hard for float32: every default path (the CPU's
-# 'auto' at each size, the 'iterative' inference path CUDA takes at every size, and the
-# training paths) is within 2× of the official float32 iteration's output deviation from
-# the float64 20-step iterate of the same float32 kernel.
+# Hard kernels: a sanity bound, not the fidelity floor (which is judged on the network's
+# outputs, tests/models/backbones/test_fidelity.py). Every path a plan can pick stays
+# finite and within 1e-3 of the float64 iterate of the same float32 kernel, or within 2×
+# the official float32 iteration's deviation where that itself misses 1e-3.
 # ------------------------------------------------------------------------------------
 @pytest.mark.parametrize('m', [64, 196])
 @pytest.mark.parametrize('kind', HARD_KERNELS)
-def test_default_paths_meet_the_official_float32_floor(kind, m):
-    """Each default path's deviation ≤ 2× the floor. Measured with
-    ``tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7`` (m = 64, 196; all
-    threads, and OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default): 'iterative' ≤ 1.54×,
-    'spectral' ≤ 0.19×; here (seed 0) ≤ 1.43×. What the paths did before (20 steps
-    applied to Z, plain float32 eigh) was up to 270× / 400× (test below)."""
-    A, Z, ref, floor = hard_problem(kind, m)
-    auto = resolve_pinv_method('auto', m, 'cpu')
-    assert auto == ('iterative' if m <= 128 else 'spectral')
-    for method in ('iterative', 'spectral'):
-        with torch.no_grad():  # inference
-            W = newton_pinv_apply(A, Z, method=method, nonnegative=True)
-        dev = relative_deviation(W, ref)
-        assert dev <= 2 * floor, (method, 'inference', dev, floor)
-        Ag = A.clone().requires_grad_()  # training: the formed iterate, Eq. 16 backward
-        dev = relative_deviation(newton_pinv_apply(Ag, Z, method=method, nonnegative=True),
-                                 ref)
-        assert dev <= 2 * floor, (method, 'training', dev, floor)
+def test_every_path_a_plan_may_take_stays_near_the_float64_iterate(kind, m):
+    """Inference and training, every path a plan may take (``PLAN_PATHS``, 'tf32' with the
+    plans' schedule). Largest deviations measured over seeds 0-3 (``python
+    tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3``; docs/en/notes/numerics.md):
+    'tf32' 1.7e-4 (near-rank-1); on 'boundary' kernels, where the official float32
+    iteration itself deviates up to 8.5e-2, every path stays within 1.05× of it."""
+    assert resolve_pinv_method('auto', m, 'cpu') in PLAN_PATHS
+    assert resolve_pinv_method('auto', m, 'cuda') in PLAN_PATHS
+    out = pinv_accuracy(kind, m)
+    assert len(out) == 2 + 2 * len(PLAN_PATHS)
+    for name, dev in out.items():
+        if name not in ('floor', 'bound'):
+            assert dev <= out['bound'], (kind, m, name, dev, out['floor'])
 
 
-def test_the_floor_catches_inaccurate_schedules(monkeypatch):
-    """The floor test can fail: all 20 steps applied to Z (X_k = A·V_k squared, the
-    factors 2I - X_k applied: rounding in the factors is never corrected) and the
-    eigendecomposition in float32 both miss it by far."""
-    A, Z, ref, floor = hard_problem('duplicated', 64)
-    V, W = newton_alpha(A) * A, Z
-    X = A @ V
-    factors = []
-    for _ in range(20):
-        factors.append(X)
-        X = 2 * X - X @ X
-    for F in reversed(factors):
-        W = 2 * W - F @ W
-    assert relative_deviation(V @ W, ref) > 10 * floor
-
-    def float32_eigh(A, alpha, iters):
-        lam, U = torch.linalg.eigh(A)
-        return U, attention.newton._spectral_filter(lam, alpha, iters)
-
-    monkeypatch.setattr(attention.newton, '_spectral_factors', float32_eigh)
-    for kind in ('duplicated', 'pooled'):
-        A, Z, ref, floor = hard_problem(kind, 196)
-        with torch.no_grad():
-            W = newton_pinv_apply(A, Z, method='spectral', nonnegative=True)
-        assert relative_deviation(W, ref) > 5 * floor, kind
+def test_the_measured_alternatives_miss_the_bound():
+    """Why no plan takes them (and that the bound can fail): float32 eigh on near-rank-1
+    landmarks (eigenvalues known only to ~eps·||A||, amplified by the filter's slope
+    α·2^T), the steps applied to the thin matrix near the step size's boundary
+    (their rounding is never corrected). Both stay finite."""
+    out = pinv_accuracy('near_rank1', 64, paths=('spectral, float32 eigh', ))
+    assert out['bound'] < out['spectral, float32 eigh inference'] < float('inf')
+    out = pinv_accuracy('boundary', 196, paths=('iterative, thin', ))
+    assert out['bound'] < out['iterative, thin inference'] < float('inf')
 
 
-@pytest.mark.parametrize('kind', HARD_KERNELS)
-def test_split_tf32_meets_the_floor(kind, monkeypatch):
-    """'tf32x3' (each float32 product from three TF32 products of split operands, emulated
-    here; opt-in: slower than float32 on an H100) stays within 2× of the official float32
-    iteration, in inference and training: ≤ 1.40× measured
-    (`tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3 4 5 6 7 --methods tf32x3`,
-    both numeric configurations of .ci/run).
-    Without the lo terms (a plain TF32 product) it misses the floor by far."""
-    A, Z, ref, floor = hard_problem(kind, 196)
-    for grad in (False, True):
-        Ag = A.clone().requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
-            W = newton_pinv_apply(Ag, Z, method='tf32x3', nonnegative=True)
-        dev = relative_deviation(W.detach(), ref)
-        assert dev <= 2 * floor, (kind, grad, dev, floor)
-    if kind == 'clustered':
-        newton = attention.newton
-        monkeypatch.setattr(newton, '_split_bmm', lambda a, b: a[0] @ b[0])
-        W = newton_pinv_apply(A, Z, method='tf32x3', nonnegative=True)
-        assert relative_deviation(W, ref) > 10 * floor
+def test_tf32_needs_a_first_float32_step_near_the_boundary():
+    """On a kernel whose top eigenvalues sit on the step size's boundary (αλ² ≈ 2), where
+    the iterate is ill-conditioned, TF32 rounding of V₀ = αA moves αλ²: cut toward zero
+    (the emulation) the iterate ends 15× the bound away, rounded to nearest it crossed
+    2 and diverged to inf (measured). One float32 step first maps those eigenvalues to
+    |1 - λv| < 1, where TF32 rounding stays harmless; more float32 steps at the end do
+    not repair it."""
+    A, Z, ref, floor = hard_problem('boundary', 64, seed=1)
+    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(0, 8))
+    assert relative_deviation(W, ref) > 5 * kernel_bound(floor)
+    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 8))
+    assert relative_deviation(W, ref) <= kernel_bound(floor)
+
+
+def test_tf32_needs_its_last_float32_steps():
+    """The float32 steps that end 'tf32' remove the TF32 rounding in the converged
+    directions (Newton's step squares the error there): without them a clustered kernel
+    ends beyond the bound."""
+    A, Z, ref, floor = hard_problem('clustered', 64)
+    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 0))
+    assert relative_deviation(W, ref) > kernel_bound(floor)
+    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 2))
+    assert relative_deviation(W, ref) <= kernel_bound(floor) / 2
+
+
+def test_split_tf32_products_have_float32_accuracy():
+    """'tf32x3''s product (three TF32 products of split operands, emulated here) is as
+    accurate as a float32 product; one TF32 product of the same operands is not."""
+    from mmsoft.models.attention.newton import _split_bmm, _split_tf32
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(4, 96, 96, generator=g) for _ in range(2))
+    exact = a.double() @ b.double()
+    split = _split_bmm(_split_tf32(a, True), _split_tf32(b, True))
+    assert relative_deviation(split, exact) < 4 * relative_deviation(a @ b, exact)
+    assert relative_deviation(round_tf32(a) @ round_tf32(b), exact) > 1e-4
+
+
+def test_padding_keeps_every_iterate():
+    """The iterations on A zero-padded to an aligned size (the plans' ``pinv_pad``) give
+    the same iterate, formed, thin and in TF32 (float64: differences are rounding)."""
+    A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
+    Z = torch.randn(2, 30, 5, dtype=torch.float64)
+    for kwargs in (dict(method='iterative'), dict(method='iterative', thin=True),
+                   dict(method='tf32x3')):
+        ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
+        out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
+        assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
+    assert newton_pinv(A, pad_to=16).shape == A.shape
+
+
+def test_thin_inference_is_the_iterate(monkeypatch):
+    """Inference with the steps applied to the thin matrix computes the formed iterate
+    times Z (exactly so in float64) with T m×m products instead of 2T; with gradients
+    the formed iterate runs (Eq. 16 needs it)."""
+    A = gaussian_kernel_matrix(40, batch=(3, ), scale=0.3)
+    Z = torch.randn(3, 40, 8, dtype=torch.float64)
+    ref = newton_pinv(A, method='iterative') @ Z
+    with torch.no_grad():
+        thin = newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin=True)
+    assert relative_deviation(thin, ref) < 1e-12
+    products = []
+    bmm = torch.baddbmm
+
+    def counting(input, b1, b2, **kw):
+        products.append(b1.shape[-1] == b2.shape[-1])  # m×m times m×m
+        return bmm(input, b1, b2, **kw)
+
+    monkeypatch.setattr(torch, 'baddbmm', counting)
+    with torch.no_grad():
+        newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin=True)
+    assert products.count(True) == 19 and products.count(False) == 20
 
 
 def test_newton_of_the_identity_is_zero():

@@ -54,6 +54,10 @@ def test_forced_choices_nest_and_are_restored():
     (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry for every m
     (dict(kernel_chunk=0), ValueError),
     (dict(order='fast'), ValueError),
+    (dict(eigh_dtype='float16'), ValueError),
+    (dict(tf32_float32_steps=(1, )), ValueError),
+    (dict(tf32_float32_steps=(1, -2)), ValueError),
+    (dict(pinv_pad=0), ValueError),
 ])
 def test_bad_choices_are_refused(choices, error):
     with pytest.raises(error):
@@ -132,3 +136,35 @@ def test_a_plan_is_data():
     assert plan.pinv == ((None, 'spectral'), ) and plan.pinv_method(10**6) == 'spectral'
     assert dataclasses.replace(plan, kernel_chunk=8) == AttentionPlan(pinv='spectral',
                                                                       kernel_chunk=8)
+
+
+def test_the_iterates_options_come_from_the_plan(monkeypatch):
+    """soft_attention passes the plan's options of the iterate (its eigendecomposition's
+    dtype, 'tf32''s float32 steps, the padding) down to newton_pinv_apply, and
+    newton_pinv_apply falls back on the plan in force for the options not given."""
+    import torch
+
+    from mmsoft.models.attention import newton, soft_attention
+    from mmsoft.models.attention import soft as soft_mod
+    seen = []
+    apply = newton.newton_pinv_apply
+
+    def recording(A, Z, iters, method, **kwargs):
+        seen.append(kwargs)
+        return apply(A, Z, iters, method, **kwargs)
+
+    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
+    q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
+    lm = torch.randn(1, 1, 16, 8) * 0.3
+    with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
+                        eigh_dtype='float32'):
+        soft_attention(q, lm, v)
+        assert seen[-1] == dict(nonnegative=True, eigh_dtype='float32',
+                                tf32_float32_steps=(2, 3), pad_to=8)
+        schedules = []
+        monkeypatch.setattr(newton, '_schedule', lambda method, iters, steps: (
+            schedules.append(steps) or [(iters, 'float32')]))
+        A = torch.eye(4)
+        newton.newton_pinv_apply(A, A, method='tf32')  # options from the plan in force
+        newton.newton_pinv_apply(A, A, method='tf32', tf32_float32_steps=(0, 4))
+    assert schedules == [(2, 3), (0, 4)]

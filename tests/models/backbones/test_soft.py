@@ -103,25 +103,24 @@ def test_local_conv_layouts_compute_the_official_conv():
 
 # Per layer, A⁺·Z of the fixture input vs the float64 iterate (same A and Z), max over the
 # 4 layers, 2-core x86 under 2 threads / OMP_NUM_THREADS=1 with ATEN_CPU_CAPABILITY=
-# default: float32 'iterative' 1.7e-7 / 2.6e-7, the 'tf32' schedule (15 TF32 + 5 float32
-# steps) 2.9e-6 / 4.4e-6, 20 TF32 steps 1.0e-3 / 1.1e-3 (every layer 6.0e-4 or more).
-# 5e-5 is 11x above the schedule and 12x below every layer's all-TF32 error.
+# default, TF32 emulated by truncation: the plans' 'tf32' schedule (1 float32 + 11 TF32 +
+# 8 float32 steps) 1.3e-6 / 1.3e-6, 20 TF32 steps 2.7e-3 / 2.8e-3 (every layer 1.2e-3 or
+# more). 5e-5 is 38x above the schedule and 24x below every layer's all-TF32 error.
 TF32_LAYER_TOL = 5e-5
 
 
-def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch):
+def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch, force_plan):
     """TF32 rounding (emulated on CPU) in every step leaves each layer's A⁺·Z far from the
-    float64 iterate; the float32 steps that end the 'tf32' schedule bring it back (Newton
-    is self-correcting). Checked per layer: in the four maps the all-TF32 error depends on
-    where the rounding falls (3.6e-5 with this CPU's AVX-512 kernels, 2.6e-6 with
-    ATEN_CPU_CAPABILITY=default), so PARITY_TOL does not tell it apart everywhere."""
-    from mmsoft.models.attention import newton
+    float64 iterate; the float32 steps around the TF32 ones in the plans' 'tf32' schedule
+    bring it back (Newton is self-correcting). Checked per layer: in the four maps the
+    all-TF32 error depends on where the rounding falls, so PARITY_TOL does not tell it
+    apart everywhere."""
     from mmsoft.models.attention import soft as soft_attn
     apply, errors = soft_attn.newton_pinv_apply, []
 
     def recording_apply(A, Z, iters, method, **kwargs):
         W = apply(A, Z, iters, method, **kwargs)
-        ref = apply(A.double(), Z.double(), iters, 'iterative', **kwargs)
+        ref = apply(A.double(), Z.double(), iters, 'iterative', nonnegative=True)
         errors.append(rel_err(W, ref))
         return W
 
@@ -134,7 +133,7 @@ def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch):
         return list(errors)
 
     assert max(layer_errors()) < TF32_LAYER_TOL
-    monkeypatch.setattr(newton, 'TF32_FP32_STEPS', 0)
+    force_plan(tf32_float32_steps=(0, 0))
     assert min(layer_errors()) > TF32_LAYER_TOL
 
 

@@ -1,0 +1,139 @@
+"""SOFT's fidelity where users see it: each output map of a SOFT backbone, and one training
+step's parameter gradients, under each way of computing its attention, against the
+float64 computation in the official order.
+
+The floor a default path keeps: every output map within 1e-5 (max |Δ| / max |ref|) on
+every image, flat ones included, and every parameter's gradient within 1e-4 (‖Δ‖ /
+‖ref‖) on natural photos, BatchNorm in eval mode (docs/en/notes/numerics.md). The
+paths (``--paths``):
+
+  default                 the plan of the device the tool runs on
+  cpu, cuda               a device type's plan (CUDA's on the CPU: TF32 emulated)
+  iterative               the formed float32 iterate
+  spectral64, spectral32  one eigendecomposition in float64 / float32
+  tf32-F-L                TF32 products between F float32 steps first and L last, e.g.
+                          tf32-1-2; tf32-F-L-padN: with m zero-padded to a multiple of N
+  tf32x3                  three TF32 products of split operands per product
+
+Examples:
+  python tools/analysis_tools/fidelity.py --size 640x640
+  python tools/analysis_tools/fidelity.py --size 800x1344 --paths cpu cuda tf32-1-8 --gradients
+  python tools/analysis_tools/fidelity.py --device cuda --size 800x1344 --gradients \\
+      --paths default iterative tf32-1-4 tf32-1-6 tf32-1-8 --json fidelity.json
+
+Without --checkpoint the weights are random (seed 0): the tool says so. Images: the
+scikit-image photos, silhouette and text page of ``mmsoft.testing.FIDELITY_IMAGES`` and a
+near-blank wall, resized to --size.
+"""
+import json
+import re
+import time
+from dataclasses import replace
+
+import torch
+
+from mmsoft.apis import cli
+
+
+def path_plan(name, device):
+    """The ``AttentionPlan`` a path name stands for, run on ``device``."""
+    from mmsoft.models.attention import PLANS, plan_for
+    base = plan_for(torch.device(device).type)
+    fixed = {
+        'default': base,
+        'cpu': PLANS['cpu'],
+        'cuda': PLANS['cuda'],
+        'iterative': replace(base, pinv='iterative'),
+        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64'),
+        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32'),
+        'tf32x3': replace(base, pinv='tf32x3'),
+    }
+    if name in fixed:
+        return fixed[name]
+    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?', name)
+    if match is None:
+        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or tf32-F-L[-padN]')
+    first, last, pad = match.groups()
+    return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
+                   pinv_pad=int(pad or 1))
+
+
+def build_parser():
+    from mmsoft.testing import FIDELITY_IMAGES, NATURAL_IMAGES
+    parser = cli.tool_parser(__doc__)
+    cli.add_model_args(parser)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--size', default='640x640', metavar='HxW')
+    parser.add_argument('--paths', nargs='+', default=['default', 'cpu', 'cuda'])
+    parser.add_argument('--images', nargs='+', default=list(FIDELITY_IMAGES),
+                        choices=sorted(FIDELITY_IMAGES))
+    parser.add_argument('--gradients', action='store_true',
+                        help='also one training step\'s gradients, on the natural photos '
+                        f'among --images ({", ".join(NATURAL_IMAGES)})')
+    parser.add_argument('--json', help='write the deviations to this JSON file')
+    return parser
+
+
+def main(argv=None):
+    from mmsoft.testing import (GRADIENT_TOL, NATURAL_IMAGES, OUTPUT_TOL, fidelity_image,
+                                gradient_deviations, output_deviations, reference_gradients,
+                                reference_outputs)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cli.setup_logging()
+    try:
+        H, W = (int(v) for v in args.size.lower().split('x'))
+    except ValueError:
+        parser.error(f'--size must be HxW, got {args.size!r}')
+    try:
+        plans = {name: path_plan(name, args.device) for name in args.paths}
+    except ValueError as e:
+        parser.error(str(e))
+    torch.manual_seed(0)
+    model, weights = cli.backbone_from_args(args)
+    model = model.to(args.device).eval()
+    device_type = torch.device(args.device).type
+    print(f'# fidelity of {cli.model_name(args)} ({weights}) at {H}×{W} on {args.device}, '
+          f'torch {torch.__version__}: worst output map (max |Δ| / max |ref|) against the '
+          f'float64 official order; floor {OUTPUT_TOL:g}\n')
+    print('| image | ' + ' | '.join(args.paths) + ' |')
+    print('|---|' + '---|' * len(args.paths))
+    results = dict(size=[H, W], device=args.device, weights=weights, outputs={},
+                   gradients={})
+    for image in args.images:
+        x = fidelity_image(image, (H, W)).to(args.device)
+        refs = reference_outputs(model, x)
+        row = {}
+        for name, plan in plans.items():
+            t = time.perf_counter()
+            devs = output_deviations(model, x, refs, plan, device_type)
+            row[name] = dict(maps=devs, seconds=time.perf_counter() - t)
+        results['outputs'][image] = row
+        print(f'| {image} | ' + ' | '.join(
+            f'{max(r["maps"]):.1e}{"" if max(r["maps"]) <= OUTPUT_TOL else " (misses)"}'
+            for r in row.values()) + ' |', flush=True)
+    if args.gradients:
+        print(f'\nWorst parameter gradient (‖Δ‖ / ‖ref‖) of one training step, BatchNorm '
+              f'in eval mode; floor {GRADIENT_TOL:g}\n')
+        print('| image | ' + ' | '.join(args.paths) + ' |')
+        print('|---|' + '---|' * len(args.paths))
+        for image in [i for i in args.images if i in NATURAL_IMAGES]:
+            x = fidelity_image(image, (H, W)).to(args.device)
+            refs = reference_gradients(model, x)
+            row = {name: gradient_deviations(model, x, refs, plan, device_type)
+                   for name, plan in plans.items()}
+            results['gradients'][image] = row
+            cells = []
+            for devs in row.values():
+                worst = max(devs, key=devs.get)
+                flag = '' if devs[worst] <= GRADIENT_TOL else ' (misses)'
+                cells.append(f'{devs[worst]:.1e} ({worst}){flag}')
+            print(f'| {image} | ' + ' | '.join(cells) + ' |', flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == '__main__':
+    main()
