@@ -6,9 +6,9 @@ Each section is a function ``section_NAME(args, out)``: it measures with the opt
 
     common    models by name (``build``, ``SOFT_MODES``), ``measure``, the measurement in
               a fresh process (``child``), formatting
-    plan      pinv, dwconv, kernel: the measurements behind SOFT's per-device plan
-              (``pinv``, ``local_conv_layout``, ``kernel_chunk`` / ``kernel_once_up_to``
-              of mmsoft/models/attention/plan.py)
+    plan      pinv, matmul, dwconv, kernel: the measurements behind SOFT's per-device
+              plan (``pinv`` and its options, ``local_conv_layout``, ``kernel_chunk`` /
+              ``kernel_once_up_to`` of mmsoft/models/attention/plan.py)
     speed     speed, train: backbone forward and training step next to Swin-T & co.
               (``--compile``: also under torch.compile)
     modes     modes: SOFT's attention modes, time and deviation from the exact iterate
@@ -22,16 +22,17 @@ from .detector import section_detector
 from .launches import section_launches
 from .memory import section_memory, section_scaling
 from .modes import section_modes
-from .plan import section_dwconv, section_kernel, section_pinv
+from .plan import section_dwconv, section_kernel, section_matmul, section_pinv
 from .speed import section_speed, section_train
 
-SECTIONS = {'pinv': section_pinv, 'dwconv': section_dwconv, 'kernel': section_kernel,
+SECTIONS = {'pinv': section_pinv, 'matmul': section_matmul, 'dwconv': section_dwconv, 'kernel': section_kernel,
             'speed': section_speed, 'train': section_train, 'modes': section_modes,
             'memory': section_memory, 'scaling': section_scaling,
             'launches': section_launches, 'detector': section_detector}
 
 __all__ = [
     'SECTIONS', 'section_detector', 'section_dwconv', 'section_kernel', 'section_launches',
+    'section_matmul',
     'section_memory', 'section_modes', 'section_pinv', 'section_scaling', 'section_speed',
     'section_train'
 ]

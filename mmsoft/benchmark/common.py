@@ -41,31 +41,35 @@ def repo_file(relpath, mim=False):
 
 # ----------------------------------------------------------------------------- models
 SOFT_MODES = {
-    # name: (SOFT kwargs, description)
-    'official order': (dict(pinv_method='iterative'), 'reference algorithm, official cost'),
-    'iterative': (dict(pinv_method='iterative'), '20 iterations, P once, P·(Â·(PᵀV))'),
-    'spectral': (dict(pinv_method='spectral'), 'same 20-step iterate via eigh'),
-    'tf32': (dict(pinv_method='tf32'),
-             'same iterate, TF32 products for 15 steps + 5 float32 steps (emulated off CUDA)'),
-    'tf32x3': (dict(pinv_method='tf32x3'),
+    # name: (SOFT kwargs, plan choices forced while it runs, description)
+    'official order': (dict(pinv_method='iterative'), dict(order='official'),
+                       'reference algorithm, official cost'),
+    'iterative': (dict(pinv_method='iterative'), None, '20 iterations, P once, P·(Â·(PᵀV))'),
+    'spectral': (dict(pinv_method='spectral'), dict(eigh_dtype='float64'),
+                 'same 20-step iterate via a float64 eigendecomposition'),
+    'spectral, float32 eigh': (dict(pinv_method='spectral'), dict(eigh_dtype='float32'),
+                               'the same via a float32 eigendecomposition'),
+    'tf32': (dict(pinv_method='tf32'), None,
+             "same iterate, TF32 products between the plan's float32 steps (emulated off "
+             'CUDA)'),
+    'tf32x3': (dict(pinv_method='tf32x3'), None,
                'same iterate, each product from 3 TF32 products of split operands (emulated '
                'off CUDA)'),
-    'auto': (dict(pinv_method='auto'), "default: per device and m (the plan's pinv)"),
-    'regularized': (dict(pinv_method='regularized'),
+    'auto': (dict(pinv_method='auto'), None, "default: per device and m (the plan's pinv)"),
+    'regularized': (dict(pinv_method='regularized'), None,
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
-    'grid16': (dict(landmark_grid=16), 'fast: at most 16×16 landmarks'),
-    'grid8': (dict(landmark_grid=8), 'fast: at most 8×8 landmarks'),
-    'spectral, float32 eigh': (dict(pinv_method='spectral'),
-                               "what 'spectral' did before: eigh in float32 (below the "
-                               'accuracy floor on hard kernels, docs/en/notes/numerics.md)'),
+    'grid16': (dict(landmark_grid=16), None, 'fast: at most 16×16 landmarks'),
+    'grid8': (dict(landmark_grid=8), None, 'fast: at most 8×8 landmarks'),
 }
 
 
-def official_order():
-    """The official computation order (P·Â)·(Pᵀ·V) for SOFT's attention inside the block
-    (``mmsoft.models.attention.official_order_attention``): the reference algorithm at
-    the official cost, the mode 'official order'."""
-    return attention_plan(order='official')
+def mode_plan(mode):
+    """The plan choices of a SOFT mode forced for a block (``attention_plan``; nothing for
+    modes without any, or for None). 'official order' runs the official computation
+    order (P·Â)·(Pᵀ·V) (``mmsoft.models.attention.official_order_attention``): the
+    reference algorithm at the official cost."""
+    choices = SOFT_MODES[mode][1] if mode is not None else None
+    return attention_plan(**choices) if choices else nullcontext()
 
 
 def build(name, mode='auto'):
@@ -102,11 +106,11 @@ def soft_modes(args, modes):
 AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
-def measure(model, size, device, repeat, train=False, official=False, batch=1,
+def measure(model, size, device, repeat, train=False, mode=None, batch=1,
             compile_mode=None, amp=None):
     """Median seconds of forward (or forward+backward) of a batch, under
-    ``torch.autocast`` to ``amp`` ('bf16', 'fp16') if given; with ``official``, SOFT's
-    attention in the official computation order (``official_order``).
+    ``torch.autocast`` to ``amp`` ('bf16', 'fp16') if given, with the plan choices of
+    SOFT's ``mode`` forced (``mode_plan``).
 
     The first run is a warm-up (untimed) unless ``repeat`` is 0; with ``compile_mode``
     (``torch.compile(model, mode=compile_mode)``, from a reset of Dynamo's caches: a
@@ -123,8 +127,7 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
         repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
-    ctx = official_order() if official else nullcontext()
-    with ctx:
+    with mode_plan(mode):
         for i in range(repeat + 1):
             if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
                 torch.compiler.cudagraph_mark_step_begin()
@@ -142,6 +145,10 @@ def measure(model, size, device, repeat, train=False, official=False, batch=1,
             sync(device)
             if i > 0 or repeat == 0:
                 times.append(time.perf_counter() - t0)
+            elif compile_mode:
+                print(f'  compiled {type(model).__name__} '
+                      f'({"training" if train else "inference"}, {compile_mode}) in '
+                      f'{time.perf_counter() - t0:.1f} s', flush=True)
     return float(np.median(times))
 
 
@@ -187,7 +194,6 @@ def child_measure(name, mode, size, device, repeat, train=False, batch=1):
 def child(name, mode, size, device, repeat, train=False, batch=1):
     """In the child process: {'time': seconds, 'peak_mb': peak memory of the step above
     what the built model holds} (CUDA's allocator, or the resident set on a CPU)."""
-    official = mode == 'official order'
     model = build(name, mode).to(device)
     model.train(False)  # some mmdet backbones' train() returns None: no chaining
     hw = parse_size(size)
@@ -199,7 +205,7 @@ def child(name, mode, size, device, repeat, train=False, batch=1):
             model(torch.randn(1, 3, 64, 64, device=device))
         _reset_peak_rss()
         base = _proc_status_bytes('VmRSS')
-    t = measure(model, hw, device, repeat, train=train, official=official, batch=batch)
+    t = measure(model, hw, device, repeat, train=train, mode=mode, batch=batch)
     if device == 'cuda':
         peak = torch.cuda.max_memory_allocated() - base
     else:

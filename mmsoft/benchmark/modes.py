@@ -5,43 +5,13 @@ outputs the official code produced for the fixture (tests/data/).
 
 'official order' runs SOFT's attention in the official computation order (the plan's
 ``order='official'``); the exact methods ('iterative', 'spectral', 'tf32', 'tf32x3',
-'auto': what the plan's ``pinv`` picks) compute the same iterate.
+'auto': what the plan's ``pinv`` picks), with the plan choices a mode forces
+(``SOFT_MODES``: the eigendecomposition's dtype), compute the same iterate.
 """
-from contextlib import contextmanager, nullcontext
-
 import torch
 
-from .common import (SOFT_MODES, build, fmt, measure, official_order, parse_size, repo_file,
+from .common import (SOFT_MODES, build, fmt, measure, mode_plan, parse_size, repo_file,
                      soft_modes)
-
-
-def _float32_eigh_factors(A, alpha, iters):
-    """'spectral' as it was before it decomposed in float64: eigh in A's float32."""
-    from mmsoft.models.attention import newton
-    lam, U = torch.linalg.eigh(A)
-    return U, newton._spectral_filter(lam, alpha, iters)
-
-
-@contextmanager
-def _float32_eigh():
-    """'spectral' with eigh in float32 (the mode 'spectral, float32 eigh').
-
-    The only implementation the benchmark swaps in: a retired one, which the library no
-    longer has (its float32 eigh is below the accuracy floor on hard kernels), carried
-    for comparison, since docs/en/notes/numerics.md cites its numbers. Every other choice is the
-    plan's (``attention_plan``).
-    """
-    from mmsoft.models.attention import newton
-    old = newton._spectral_factors
-    newton._spectral_factors = _float32_eigh_factors
-    try:
-        yield
-    finally:
-        newton._spectral_factors = old
-
-
-# What a mode runs under while it is measured (others: nothing).
-MODE_CONTEXTS = {'official order': official_order, 'spectral, float32 eigh': _float32_eigh}
 
 
 def _fixture_soft(**kwargs):
@@ -81,13 +51,13 @@ def section_modes(args, out):
                         for k in inputs) + ' | vs official outputs, fixture |',
              '|---|---|---|' + '---|' * (len(inputs) + 1)]
     rows = {}
-    for mode, (kwargs, what) in SOFT_MODES.items():
+    for mode, (kwargs, _, what) in SOFT_MODES.items():
         is_official = mode == 'official order'
         if is_official and args.skip_official:
             continue
         model = _fixture_soft(**kwargs)
         devs = []
-        with torch.no_grad(), MODE_CONTEXTS.get(mode, nullcontext)():
+        with torch.no_grad(), mode_plan(mode):
             for k, x in inputs.items():
                 outs = model(x)
                 devs.append(max(map(relative_deviation, outs, refs[k])))
@@ -95,9 +65,8 @@ def section_modes(args, out):
                     dev_official = max(map(relative_deviation, outs, official))
         t = None
         if mode in soft_modes(args, [mode]):
-            with MODE_CONTEXTS.get(mode, nullcontext)():
-                t = measure(build('SOFT-S', mode), hw, args.device,
-                            0 if is_official else args.repeat)
+            t = measure(build('SOFT-S', mode), hw, args.device,
+                        0 if is_official else args.repeat, mode=mode)
         rows[mode] = dict(time=t, deviation=devs, official=dev_official)
         lines.append(f'| {mode} | {what} | {fmt(t) if t else "– (emulated)"} | ' +
                      ' | '.join(f'{d:.1e}' for d in devs) + f' | {dev_official:.1e} |')

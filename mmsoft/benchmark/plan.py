@@ -2,8 +2,12 @@
 mmsoft/models/attention/plan.py), one section per field:
 
   pinv    the batched 20-step pseudo-inverse alone, by landmark count m, by method (the
-          formed iterate, A⁺·Z as inference computes it, eigh, on CUDA the TF32
-          schedules), also on A zero-padded to aligned sizes: decides ``pinv``
+          formed iterate, A⁺·Z as inference computes it, the thin application, eigh in
+          float64 and float32, on CUDA the TF32 schedules), also on A zero-padded to
+          aligned sizes: decides ``pinv``, ``eigh_dtype``, ``tf32_float32_steps`` and
+          ``pinv_pad``
+  matmul  the rate of one m×m product in float32, TF32 and split TF32: whether TF32
+          reaches the tensor cores
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
           ``HeadSharedConv``: decides ``local_conv_layout``
   kernel  the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's stages 1-3, P
@@ -22,46 +26,51 @@ from .common import build, fmt, parse_size, time_call
 
 
 # ------------------------------------------------------------------------------- pinv
-def _zero_padded(fn, multiple, formed):
-    """fn(A, Z) run on A padded with zero rows and columns (and Z with zero rows) to a
-    multiple of ``multiple`` landmarks, the result cut back: the same iterate (A's block
-    does not mix with the zero block; α is unchanged), with aligned matrix sizes.
-    ``formed``: fn returns the (m, m) iterate, else the (m, n) product with Z."""
-    import torch.nn.functional as F
-
-    def run(A, Z):
-        m = A.shape[-1]
-        pad = -m % multiple
-        if not pad:
-            return fn(A, Z)
-        out = fn(F.pad(A, (0, pad, 0, pad)), F.pad(Z, (0, 0, 0, pad)))
-        return out[..., :m, :m] if formed else out[..., :m, :]
-
-    return run
-
-
-def _pinv_applied(A, Z, method):
+def _pinv_applied(A, Z, **kwargs):
     """A⁺·Z as inference computes it (a column of the pinv section)."""
     from mmsoft.models.attention import newton_pinv_apply
-    return newton_pinv_apply(A, Z, method=method, nonnegative=True)
+    return newton_pinv_apply(A, Z, nonnegative=True, **kwargs)
+
+
+def _pinv_formed(A, Z, **kwargs):
+    """The formed iterate, as training keeps it for backward."""
+    from mmsoft.models.attention import newton_pinv
+    return newton_pinv(A, nonnegative=True, **kwargs)
+
+
+def pinv_columns(args):
+    """{column: fn(A, Z)} of the pinv section: every way the plan can compute the
+    iterate on this device, with m zero-padded to a multiple of ``--pinv-pad`` too."""
+    cols = {
+        'iterative': partial(_pinv_formed, method='iterative'),
+        'iterative, applied': partial(_pinv_applied, method='iterative', thin=False),
+        'iterative, thin': partial(_pinv_applied, method='iterative', thin=True),
+        'spectral, eigh float64': partial(_pinv_applied, method='spectral',
+                                          eigh_dtype='float64'),
+        'spectral, eigh float32': partial(_pinv_applied, method='spectral',
+                                          eigh_dtype='float32'),
+    }
+    if args.device == 'cuda':  # elsewhere TF32 is only emulated
+        for first, last in args.tf32_schedules:
+            cols[f'tf32 {first}+{20 - first - last}+{last}, applied'] = partial(
+                _pinv_applied, method='tf32', tf32_float32_steps=(first, last))
+            cols[f'tf32 {first}+{20 - first - last}+{last}'] = partial(
+                _pinv_formed, method='tf32', tf32_float32_steps=(first, last))
+        cols['tf32x3, applied'] = partial(_pinv_applied, method='tf32x3')
+    k = args.pinv_pad
+    if k > 1:  # the iterations again on sizes padded to a multiple of k
+        for name in [c for c in cols if not c.startswith('spectral')]:
+            cols[f'{name}, m padded to ×{k}'] = partial(cols[name], pad_to=k)
+    for name in cols:  # the same padding for every other column: none
+        if 'padded' not in name and not name.startswith('spectral'):
+            cols[name] = partial(cols[name], pad_to=1)
+    return cols
 
 
 def section_pinv(args, out):
     """Batched 20-step pseudo-inverse of Gaussian-kernel matrices, by method."""
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv
-    cols = {
-        'iterative': lambda A, Z: newton_pinv(A, method='iterative', nonnegative=True),
-        'iterative, applied': partial(_pinv_applied, method='iterative'),
-        'spectral (eigh)': partial(_pinv_applied, method='spectral'),
-    }
-    if args.device == 'cuda':  # elsewhere TF32 is only emulated
-        for method in ('tf32', 'tf32x3'):
-            cols[f'{method}, applied'] = partial(_pinv_applied, method=method)
-    k = args.pinv_pad
-    if k > 1:  # the iterations again on sizes padded to a multiple of k
-        for name in [c for c in cols if c != 'spectral (eigh)']:
-            cols[f'{name}, m padded to ×{k}'] = _zero_padded(cols[name], k,
-                                                             formed=name == 'iterative')
+    from mmsoft.models.attention import gaussian_kernel
+    cols = pinv_columns(args)
     lines = ['| m | batch | ' + ' | '.join(cols) + ' |', '|---|---|' + '---|' * len(cols)]
     rows = {}
     for m in args.pinv_sizes:
@@ -78,12 +87,64 @@ def section_pinv(args, out):
     out['pinv'] = rows
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
-                 'computes it (the formed iterate times Z); spectral: eigh (in float64) '
-                 'and A⁺·Z.')
-    if k > 1:
-        lines.append(f"'padded': A with zero rows and columns up to a multiple of {k} "
-                     '(the same iterate on its block; aligned sizes for the matrix '
-                     'products), the result cut back.')
+                 "computes it (the formed iterate times Z); 'thin' applies the T steps to "
+                 "Z (T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
+                 "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps.")
+    if args.pinv_pad > 1:
+        lines.append(f"'padded': A with zero rows and columns up to a multiple of "
+                     f'{args.pinv_pad} (the same iterate on its block; aligned sizes for '
+                     'the matrix products), the result cut back.')
+    return lines
+
+
+# ----------------------------------------------------------------------------- matmul
+def _product(kind, a, b):
+    """One batched product of the iteration's shape, as ``kind`` runs it."""
+    from mmsoft.models.attention import newton
+    if kind == 'float32':
+        return torch.baddbmm(a, a, b, beta=2, alpha=-1)
+    if kind == 'tf32x3':
+        with newton._cuda_tf32_matmuls():
+            return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
+    with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
+        return torch.baddbmm(a, a, b, beta=2, alpha=-1)
+
+
+def section_matmul(args, out):
+    """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3'),
+    at aligned and unaligned m (CUDA; on another device only float32)."""
+    kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
+    sizes = sorted({*args.matmul_sizes})
+    lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
+             '|---|---|' + '---|' * len(kinds)]
+    if args.device == 'cuda':
+        mm = torch.backends.cuda.matmul
+        setting = (f'fp32_precision={mm.fp32_precision!r}' if hasattr(mm, 'fp32_precision')
+                   else f'allow_tf32={mm.allow_tf32}')
+        from mmsoft.models.attention import newton
+        with newton._cuda_tf32_matmuls():
+            inside = (f'fp32_precision={mm.fp32_precision!r}'
+                      if hasattr(mm, 'fp32_precision') else f'allow_tf32={mm.allow_tf32}')
+        lines.insert(0, f'cuBLAS float32 products: {setting} outside the TF32 steps, '
+                     f'{inside} inside them.\n')
+    rows = {}
+    for m in sizes:
+        a = torch.randn(20, m, m, device=args.device) / m**0.5
+        b = torch.randn(20, m, m, device=args.device) / m**0.5
+        flops = 2 * 20 * m**3 * 3  # tf32x3: three products; the others: scaled below
+        t = {k: time_call(args, partial(_product, k, a, b)) for k in kinds}
+        rows[m] = t
+        cells = []
+        for k in kinds:
+            f = flops if k == 'tf32x3' else flops / 3
+            cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
+        lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
+    out['matmul'] = rows
+    lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
+                 'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '
+                 'splits are included in its time). TF32 tensor cores should reach several '
+                 'times the float32 rate; if they do not at an aligned m, the TF32 setting '
+                 'does not reach the products that run.')
     return lines
 
 

@@ -17,8 +17,16 @@ SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
 
 
+def _models(args):
+    """The backbones of the speed section: --models (with Swin-T) or all."""
+    models = getattr(args, 'models', None)
+    if not models:
+        return list(SPEED_MODELS)
+    return [n for n in SPEED_MODELS if n in models or n == 'Swin-T']
+
+
 def section_speed(args, out):
-    names = list(SPEED_MODELS)
+    names = _models(args)
     rounds = {}  # name -> size -> [seconds per round]
     for r in range(args.rounds):
         for size in args.sizes:
@@ -31,7 +39,7 @@ def section_speed(args, out):
                     build('SOFT-S', 'official order'), hw, args.device,
                     # above 600² one warm-up and one timed run (it is slow on a CPU)
                     min(args.repeat, 1) if hw[0] * hw[1] > 600 * 600 else args.repeat,
-                    official=True, amp=args.amp)
+                    mode='official order', amp=args.amp)
             timed.update(_measure_compiled(args, hw, train=False))
             for name, t in timed.items():
                 rounds.setdefault(name, {}).setdefault(size, []).append(t)
@@ -53,7 +61,8 @@ def section_speed(args, out):
                          f'{faster(rows["SOFT-S official order"][s], rows["SOFT-S"][s])} '
                          f'the official computation order at {s}.')
     lines += _compiled_lines(args, rows)
-    for s in args.sizes:
+    trunks = ('XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
+    for s in args.sizes if all(t in rows for t in trunks) else []:
         ratio = rows['XCiT-SimA-S12/16 trunk'][s] / rows['XCiT-S12/16 (mmpretrain)'][s]
         lines.append(f'XCiT-SimA-S12/16 trunk / MMPretrain XCiT-S12/16 at {s}: {ratio:.2f} '
                      '(both without a pyramid; the pyramid adds its transposed convolutions).')
@@ -91,7 +100,9 @@ def section_train(args, out):
     b = args.train_batch
     for size in args.sizes:
         hw = parse_size(size)
-        for mode in soft_modes(args, ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')):
+        modes = (('auto', ) if getattr(args, 'models', None) else
+                 ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16'))
+        for mode in soft_modes(args, modes):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
                 amp=args.amp)

@@ -25,17 +25,17 @@ def test_cli_help_from_anywhere(tmp_path):
     assert 'python tools/analysis_tools/benchmark.py' in res.stdout
     assert '--sections' in res.stdout and '--json' in res.stdout
     assert benchmark.SECTIONS is SECTIONS
-    assert list(SECTIONS) == ['pinv', 'dwconv', 'kernel', 'speed', 'train', 'modes', 'memory',
-                              'scaling', 'launches', 'detector']
+    assert list(SECTIONS) == ['pinv', 'matmul', 'dwconv', 'kernel', 'speed', 'train', 'modes',
+                              'memory', 'scaling', 'launches', 'detector']
 
 
 def test_benchmark_sections(tmp_path, capsys):
-    from mmsoft.benchmark import modes as modes_mod
     from mmsoft.benchmark.plan import KERNEL_CHUNKS
-    from mmsoft.models.attention import newton, plan_for
+    from mmsoft.models.attention import plan_for
     out = tmp_path / 'b.json'
-    plan, spectral_factors = plan_for('cpu'), newton._spectral_factors
-    benchmark.main(['--device', 'cpu', '--sections', 'pinv,dwconv,kernel,speed,train,modes',
+    plan = plan_for('cpu')
+    benchmark.main(['--device', 'cpu', '--sections',
+                    'pinv,matmul,dwconv,kernel,speed,train,modes', '--matmul-sizes', '40',
                     '--sizes', '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes',
                     '16', '130', '--train-batch', '1', '--json', str(out)])
     res = json.loads(out.read_text())
@@ -43,6 +43,9 @@ def test_benchmark_sections(tmp_path, capsys):
     assert '| backbone | 64x64 |' in printed and '| mode | what |' in printed
     assert set(res['pinv']) == {'16', '130'}
     assert 'iterative, applied, m padded to ×8' in res['pinv']['130']  # 130 -> 136
+    assert {'iterative, thin', 'spectral, eigh float32'} <= set(res['pinv']['16'])
+    assert not any('tf32' in c for c in res['pinv']['16'])  # CUDA only
+    assert list(res['matmul']) == ['40'] and list(res['matmul']['40']) == ['float32']
     assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
                                   for step in ('forward', 'train')}
     assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
@@ -65,13 +68,11 @@ def test_benchmark_sections(tmp_path, capsys):
         assert modes[exact]['official'] < 1e-5, (exact, modes[exact])
     assert modes['tf32']['time'] is None and modes['tf32x3']['time'] is None  # emulated
     assert '| tf32 |' in printed and '– (emulated)' in printed
-    # eigh in float32 (what 'spectral' was, timed for comparison): the same iterate on
-    # these inputs (its accuracy fails on hard kernels:
-    # tests/models/attention/test_attention.py), and the swap is undone afterwards
-    assert modes['spectral, float32 eigh']['time'] > 0
-    assert max(modes['spectral, float32 eigh']['deviation']) < 1e-5
-    assert newton._spectral_factors is spectral_factors
-    assert newton._spectral_factors is not modes_mod._float32_eigh_factors
+    # a mode with a plan choice (the eigendecomposition's dtype): the same iterate, and
+    # the plan in force is as before afterwards
+    mode = modes['spectral, float32 eigh']
+    assert mode['time'] > 0 and max(mode['deviation']) < 1e-5
+    assert plan_for('cpu') == plan
     # fast modes change the answer, by the documented orders of magnitude
     assert 0 < max(modes['regularized']['deviation']) < 0.05
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
@@ -224,23 +225,26 @@ def test_memory_section_rows_and_ratios_to_swin(monkeypatch):
     assert out['memory']['XCiT-SimA-S12/16']['train']['peak_mb'] == 300.0
 
 
-def test_zero_padded_pinv_is_the_same_iterate():
-    """The pinv section's padded columns compute what the plain ones do, cut back to m,
-    also where the padded size equals Z's width (m = 25 -> 32, 32 columns)."""
+def test_pinv_columns_compute_the_same_iterate():
+    """Every column of the pinv section (the padded ones cut back to m, also where the
+    padded size equals Z's width: m = 25 -> 32, 32 columns) computes the formed iterate
+    (times Z), in float64 up to rounding."""
     import torch
 
-    from mmsoft.benchmark.plan import _zero_padded
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv, newton_pinv_apply
+    from mmsoft.benchmark.plan import pinv_columns
+    from mmsoft.models.attention import gaussian_kernel, newton_pinv
     x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
     A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)
-    formed = _zero_padded(lambda A, Z: newton_pinv(A, method='iterative'), 8, formed=True)
-    applied = _zero_padded(lambda A, Z: newton_pinv_apply(A, Z, method='iterative'), 8,
-                           formed=False)
     Y = newton_pinv(A, method='iterative')
-    assert formed(A, Z).shape == (3, 25, 25) and applied(A, Z).shape == (3, 25, 32)
-    scale = Y.abs().max().item()
-    assert torch.allclose(formed(A, Z), Y, rtol=0, atol=1e-12 * scale)
-    assert torch.allclose(applied(A, Z), Y @ Z, rtol=0, atol=1e-10 * scale * Z.abs().max())
+    args = argparse.Namespace(device='cpu', pinv_pad=8, tf32_schedules=[(1, 2)])
+    cols = pinv_columns(args)
+    assert {'iterative, m padded to ×8', 'iterative, thin, m padded to ×8'} <= set(cols)
+    for name, fn in cols.items():
+        with torch.no_grad():
+            out = fn(A, Z)
+        ref = Y if out.shape[-1] == 25 else Y @ Z
+        assert out.shape == ref.shape, name
+        assert (out - ref).abs().max() <= 1e-10 * ref.abs().max(), name
 
 
 def test_detector_section(tmp_path, capsys):
@@ -339,9 +343,9 @@ def test_kernel_section_forces_each_chunk(monkeypatch):
 
 
 def test_official_order_runs_the_official_attention(monkeypatch):
-    """measure(official=True) (the mode 'official order', also in the memory section's
-    child processes) runs SOFT's attention in the official order through the plan, only
-    inside the measurement."""
+    """measure(mode='official order') (also in the memory section's child processes) runs
+    SOFT's attention in the official order through the plan, only inside the
+    measurement."""
     from mmsoft.benchmark.common import build, measure
     from mmsoft.models.attention import plan_for
     from mmsoft.models.attention import soft as soft_attention_mod
@@ -355,7 +359,7 @@ def test_official_order_runs_the_official_attention(monkeypatch):
     model = build('SOFT-S', 'official order')
     measure(model, (64, 64), 'cpu', repeat=0)
     assert calls == []
-    measure(model, (64, 64), 'cpu', repeat=0, official=True)
+    measure(model, (64, 64), 'cpu', repeat=0, mode='official order')
     assert calls and set(calls) == {'official'}
     assert plan_for('cpu').order == 'thin'
 

@@ -1,5 +1,6 @@
 """tools/analysis_tools/device_report.py: the one command a lent GPU machine runs,
 checked on the CPU."""
+import json
 import os.path as osp
 import sys
 import time
@@ -11,9 +12,10 @@ device_report = load_tool('tools/analysis_tools/device_report.py')
 
 
 def test_report_finds_the_repository():
-    """The steps run in the repository root, where the benchmark and tests/ are."""
+    """The steps run in the repository root, where the tools and tests/ are."""
     assert osp.samefile(device_report.ROOT, ROOT)
     assert osp.isfile(osp.join(device_report.ROOT, device_report.BENCHMARK))
+    assert osp.isfile(osp.join(device_report.ROOT, device_report.FIDELITY))
     assert osp.isdir(osp.join(device_report.ROOT, 'tests'))
 
 
@@ -21,19 +23,23 @@ def test_report_runs_its_steps(tmp_path):
     """Each step's command, exit status and tables land in report.md, its numbers in
     <step>.json, everything printed in report.log."""
     code = device_report.main(['--device', 'cpu', '--small', '--part', 'all', '--steps',
-                               'pinv', 'detector', '--out', str(tmp_path)])
+                               'pinv', 'fidelity', 'detector', '--out', str(tmp_path)])
     report = (tmp_path / 'report.md').read_text()
     assert code == 0, report
-    assert '## pinv: ' in report and '## detector: ' in report
+    assert '## pinv: ' in report and '## detector: ' in report and '## fidelity: ' in report
     assert '## fp32' not in report  # not selected
-    assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
-    assert ('tools/analysis_tools/benchmark.py --device cpu --sections pinv --sizes 64x64'
-            in report)
+    assert report.count('exit 0, ') == 3 and 'Every step completed.' in report
+    assert 'tools/analysis_tools/benchmark.py --device cpu --sections pinv' in report
+    assert '--sizes 64x64' in report and '--tf32-schedules 1,2 1,4 1,6 1,8' in report
+    assert '| astronaut | ' in report and '| blank | ' in report  # the fidelity tables
     assert '--detector-size 128x160 --json' in report
     assert '| RetinaNet | SOFT-S |' in report  # the detector table
     assert '\n### detector\n' in report  # the benchmark's headings below the step's
     assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
     assert (tmp_path / 'pinv.json').exists() and (tmp_path / 'detector.json').exists()
+    fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
+    assert set(fidelity['outputs']['blank']) == set(device_report.FIDELITY_PATHS)
+    assert set(fidelity['gradients']) == {'astronaut'}
     assert '===== detector' in (tmp_path / 'report.log').read_text()
 
 
@@ -44,14 +50,14 @@ def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
                'time.sleep(60)']
     monkeypatch.setattr(device_report, 'command', lambda name, args: sleeper)
     t0 = time.perf_counter()
-    code = device_report.main(['--device', 'cpu', '--steps', 'pinv', 'layout', '--budget',
+    code = device_report.main(['--device', 'cpu', '--steps', 'matmul', 'pinv', '--budget',
                                '3', '--out', str(tmp_path)])
     assert time.perf_counter() - t0 < 30
     report = (tmp_path / 'report.md').read_text()
     assert code == 1
     assert 'timed out (budget)' in report and 'started' in report
     assert 'not run: the time budget was spent' in report
-    assert 'Steps not completed: pinv, layout' in report
+    assert 'Steps not completed: matmul, pinv' in report
 
 
 def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
@@ -67,13 +73,13 @@ def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(device_report, 'run_step', run_step)
     try:
-        device_report.main(['--device', 'cpu', '--steps', 'pinv', 'layout', '--out',
+        device_report.main(['--device', 'cpu', '--steps', 'matmul', 'pinv', '--out',
                             str(tmp_path)])
     except KeyboardInterrupt:
         pass
     report = (tmp_path / 'report.md').read_text()
-    assert '## pinv: ' in report and '| table |' in report and 'exit 0, 1 s' in report
-    assert '## layout' not in report
+    assert '## matmul: ' in report and '| table |' in report and 'exit 0, 1 s' in report
+    assert '## pinv' not in report
 
 
 def test_missing_pytest_is_reported(tmp_path, monkeypatch):
@@ -109,6 +115,9 @@ def test_compile_steps_measure_one_round_at_one_size():
             if name == 'cuda-tests':
                 assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
                 continue
+            if name == 'fidelity':
+                assert _last(cmd, '--size') == ['96x128' if small else '800x1344']
+                continue
             compiled = name.startswith('compile')
             if small:
                 assert _last(cmd, '--sizes') == ['64x64'], name
@@ -121,14 +130,15 @@ def test_compile_steps_measure_one_round_at_one_size():
 
 
 def test_parts_split_the_steps():
-    """--part base needs no compiled mmcv ops; the detector step and the two compile
-    steps (each part fits one call of the GPU machine) are parts of their own."""
-    parts = {name: part for name, (part, _, _) in device_report.STEPS.items()}
+    """--part base needs no compiled mmcv ops; the compile steps and the detector step
+    (each part fits one call of the GPU machine) are parts of their own; what an H100
+    measured already is the extra part."""
+    parts = {name: step[0] for name, step in device_report.STEPS.items()}
     assert parts.pop('detector') == 'detector'
     assert parts.pop('compile-ro') == parts.pop('compile') == 'compile'
+    assert {parts.pop(n) for n in ('layout', 'bf16', 'fp16')} == {'extra'}
     assert set(parts.values()) == {'base'}
-    assert {'cuda-tests', 'pinv', 'layout', 'fp32', 'bf16', 'fp16',
-            'memory-modes'} == set(parts)
+    assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fp32', 'memory-modes'} == set(parts)
 
 
 def test_report_leaves_log_lines_and_warnings_out():

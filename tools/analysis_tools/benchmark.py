@@ -3,10 +3,14 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 
 Sections (``--sections``, default all):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
-           formed, as training needs), A⁺·Z for a thin Z as inference computes it,
-           eigh (float64), and on CUDA the TF32 schedule; the iterations also on A
-           zero-padded to a multiple of ``--pinv-pad`` landmarks (the same iterate,
-           aligned sizes): what the plan's ``pinv`` should say
+           formed, as training needs), A⁺·Z for a thin Z as inference computes it, the
+           steps applied to the thin Z, eigh in float64 and float32, and on CUDA the TF32
+           schedules of ``--tf32-schedules``; the iterations also on A zero-padded to a
+           multiple of ``--pinv-pad`` landmarks (the same iterate, aligned sizes): what
+           the plan's ``pinv``, ``eigh_dtype``, ``tf32_float32_steps`` and ``pinv_pad``
+           should say
+  matmul   one batched m×m product of the iteration in float32, TF32 and split TF32 at
+           ``--matmul-sizes``, in ms and TFLOP/s: whether TF32 reaches the tensor cores
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what the plan's ``local_conv_layout`` should say for the
@@ -43,7 +47,8 @@ Sections (``--sections``, default all):
 ``--compile MODE`` adds SOFT-S and Swin-T wrapped in ``torch.compile(mode=MODE)`` to the
 speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
 'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
-size), and its first, compiling call is not timed.
+size), and its first, compiling call is not timed (it is printed). ``--models`` keeps
+the speed and train sections to the backbones named.
 
 "official order" is the official SOFT code's computation order (P computed twice,
 (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run through the plan's
@@ -63,6 +68,18 @@ import torch
 
 from mmsoft.benchmark import SECTIONS
 from mmsoft.benchmark.common import AMP_DTYPES
+from mmsoft.models.attention import PLANS
+
+
+def _schedule(text):
+    """'F,L' -> (F, L): float32 steps before and after 'tf32''s TF32 steps."""
+    try:
+        first, last = (int(v) for v in text.split(','))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected F,L (two ints), got {text!r}')
+    if first < 0 or last < 0 or first + last > 20:
+        raise argparse.ArgumentTypeError(f'F and L must be >= 0 with F + L <= 20, got {text!r}')
+    return first, last
 
 
 def main(argv=None):
@@ -91,6 +108,13 @@ def main(argv=None):
     parser.add_argument('--pinv-pad', type=int, default=8, metavar='K',
                         help='pinv: also time the iterations with m zero-padded to a '
                         'multiple of K (1: not)')
+    parser.add_argument('--tf32-schedules', nargs='+', type=_schedule, metavar='F,L',
+                        default=[PLANS['cuda'].tf32_float32_steps],
+                        help="pinv (CUDA): 'tf32' with F float32 steps first and L last "
+                        "(default: CUDA's plan's)")
+    parser.add_argument('--matmul-sizes', nargs='+', type=int,
+                        default=[1024, 1025, 1050, 1056],
+                        help='landmark counts m of the matmul section')
     parser.add_argument('--skip-official', action='store_true',
                         help='skip the (slow) official computation order')
     parser.add_argument('--softmax-max-pixels', type=int, default=600 * 600,
@@ -98,6 +122,10 @@ def main(argv=None):
     parser.add_argument('--series', type=int, metavar='K',
                         help='scaling: only the first K series (SOFT-S default, SOFT-S '
                         'grid16, XCiT-SimA, PVT-S softmax, Swin-T)')
+    parser.add_argument('--models', nargs='+', metavar='NAME',
+                        help='speed and train: only these backbones (Swin-T, the reference '
+                        'of the ratios, always; SOFT-S in its default mode only), e.g. '
+                        '--models SOFT-S Swin-T')
     parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
                         help='speed and train: also time SOFT-S and Swin-T under '
                         'torch.compile with this mode')
@@ -111,6 +139,11 @@ def main(argv=None):
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser.error(f'unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}')
+    if args.models:
+        from mmsoft.benchmark.speed import SPEED_MODELS
+        bad = set(args.models) - set(SPEED_MODELS)
+        if bad:
+            parser.error(f'unknown --models {sorted(bad)}; choose from {list(SPEED_MODELS)}')
     if args.device == 'cuda':
         dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
                f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')

@@ -1,42 +1,50 @@
 """Run every measurement that decides mmsoft's per-device defaults, and write one report.
 
 Each step runs as its own process; a failing or slow step is recorded and the next one
-runs. The steps (``--part base`` unless said otherwise):
+runs. The steps, by part (one call of a lent GPU machine each):
 
+  --part base (no compiled mmcv ops needed)
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
-  pinv           benchmark --sections pinv: the plan's pinv (with and without zero
-                 padding)
+  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and split
+                 TF32 (ms, TFLOP/s): do TF32 products reach the tensor cores?
+  pinv           benchmark --sections pinv: every way to compute the iterate (formed,
+                 thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
+                 the plan's pinv and its options
+  fidelity       tools/analysis_tools/fidelity.py at 800x1344: SOFT-S's output maps and
+                 training gradients under the candidate paths, against float64 in the
+                 official order (the floor every default keeps)
+  fp32           benchmark --sections speed,train
+  memory-modes   benchmark --sections memory,modes
+  --part compile (SOFT-S and Swin-T at 800x1344, one round; each measurement compiles
+  afresh and prints how long compiling took)
+  compile        benchmark --sections speed,train --compile default
+  compile-ro     the same with --compile reduce-overhead (CUDA graphs)
+  --part detector (RetinaNet and Mask R-CNN need mmcv's compiled ops, which a fresh GPU
+  machine builds first)
+  detector       benchmark --sections detector
+  --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
                  kernel_chunk and kernel_once_up_to
-  fp32           benchmark --sections speed,train
-  bf16, fp16     the same under torch.autocast (--amp bf16 / fp16)
-  memory-modes   benchmark --sections memory,modes
-  compile-ro     benchmark --sections speed,train --compile reduce-overhead (``--part
-                 compile``, at 800x1344 only)
-  compile        benchmark --sections speed,train --compile default (``--part compile``)
-  detector       benchmark --sections detector (``--part detector``: RetinaNet and Mask
-                 R-CNN need mmcv's compiled ops, which a fresh GPU machine builds first)
+  bf16, fp16     speed and training step under torch.autocast (--amp bf16 / fp16)
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
 exit status and seconds, and what it printed, mmengine's log lines left out),
-OUT/report.log (everything printed) and OUT/<step>.json (the numbers, from
-``benchmark.py --json``). The benchmark is tools/analysis_tools/benchmark.py; the plan
-whose fields the pinv and layout steps measure is ``AttentionPlan`` in
-mmsoft/models/attention/plan.py. Run it from the repository root, with mmsoft importable
-(installed, or the repository root on PYTHONPATH).
+OUT/report.log (everything printed) and OUT/<step>.json (the numbers). The benchmark is
+tools/analysis_tools/benchmark.py; the plan whose fields the steps measure is
+``AttentionPlan`` in mmsoft/models/attention/plan.py. Run it from the repository root,
+with mmsoft importable (installed, or the repository root on PYTHONPATH).
 
-On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), three calls
-of under 10 minutes each; ``--budget`` stops starting steps once its seconds are spent and
-stops a step that outlasts it, so the set-up and the report fit in one call (on an H100
-part base took 470 s, the detector part 55 s after ~300 s of mmcv build):
+On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), one call of
+under 10 minutes per part; ``--budget`` stops starting steps once its seconds are spent
+and stops a step that outlasts it, so the set-up and the report fit in one call:
 
   source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
       --out "$OUT"   (one line)
+  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
+      --part compile --out "$OUT"   (one line)
   source .gpu/setup.sh cuda-ops && python3 tools/analysis_tools/device_report.py
       --device cuda --part detector --budget 280 --out "$OUT"   (one line; after ~270 s
       of mmcv build)
-  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
-      --part compile --out "$OUT"   (one line)
 
 report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
 in a further call (the report is appended to).
@@ -58,36 +66,57 @@ import time
 # tools/analysis_tools/ -> the repository root: the steps run there (tests/, configs/)
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 BENCHMARK = osp.join('tools', 'analysis_tools', 'benchmark.py')
+FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
 
-# name -> (part, benchmark arguments or None for the pytest step, title); a step's own
-# arguments override FULL's, SMALL's override both.
+# 'tf32' schedules (float32 steps first, last) the pinv and fidelity steps compare.
+TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
+FIDELITY_PATHS = (['default', 'iterative']
+                  + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES] + ['tf32-1-6-pad32'])
+
+# name -> (part, tool, its arguments, title); a benchmark step's own arguments override
+# FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
 STEPS = {
-    'cuda-tests': ('base', None, 'pytest -m cuda'),
-    'pinv': ('base', ['--sections', 'pinv'],
-             "pseudo-inverse by landmark count (the plan's pinv)"),
-    'layout': ('base', ['--sections', 'dwconv,kernel'],
+    'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
+    'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
+                                     '1025', '1050', '1056', '1088'],
+               'one m×m product: float32, TF32, split TF32'),
+    'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
+                                   '1050', '--pinv-pad', '32', '--tf32-schedules']
+             + [f'{f},{l}' for f, l in TF32_SCHEDULES],
+             "pseudo-inverse by landmark count (the plan's pinv and its options)"),
+    'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
+                                      *FIDELITY_PATHS],
+                 'the fidelity floor at 800x1344 (output maps, training gradients)'),
+    'fp32': ('base', 'benchmark', ['--sections', 'speed,train'],
+             'speed and training step, float32'),
+    'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
+                     'peak memory; attention modes'),
+    # their own part (a call of its own): one round at the detection size, SOFT-S and
+    # Swin-T only, every measurement compiles its model afresh
+    'compile': ('compile', 'benchmark', ['--sections', 'speed,train', '--compile', 'default',
+                                         '--models', 'SOFT-S', 'Swin-T', '--rounds', '1',
+                                         '--sizes', '800x1344', '--skip-official'],
+                'torch.compile()'),
+    'compile-ro': ('compile', 'benchmark', ['--sections', 'speed,train', '--compile',
+                                            'reduce-overhead', '--models', 'SOFT-S', 'Swin-T',
+                                            '--rounds', '1', '--sizes', '800x1344',
+                                            '--skip-official'],
+                   "torch.compile(mode='reduce-overhead')"),
+    'detector': ('detector', 'benchmark', ['--sections', 'detector'],
+                 'RetinaNet and Mask R-CNN: training iteration and test forward'),
+    'layout': ('extra', 'benchmark', ['--sections', 'dwconv,kernel'],
                "depthwise-conv layout and kernel chunks (the plan's local_conv_layout, "
                'kernel_chunk, kernel_once_up_to)'),
-    'fp32': ('base', ['--sections', 'speed,train'], 'speed and training step, float32'),
-    'bf16': ('base', ['--sections', 'speed,train', '--amp', 'bf16'],
+    'bf16': ('extra', 'benchmark', ['--sections', 'speed,train', '--amp', 'bf16'],
              'speed and training step, autocast to bfloat16'),
-    'fp16': ('base', ['--sections', 'speed,train', '--amp', 'fp16'],
+    'fp16': ('extra', 'benchmark', ['--sections', 'speed,train', '--amp', 'fp16'],
              'speed and training step, autocast to float16'),
-    'memory-modes': ('base', ['--sections', 'memory,modes'], 'peak memory; attention modes'),
-    # their own part (a call of its own): one round at the detection size, every
-    # measurement compiles its model afresh
-    'compile-ro': ('compile', ['--sections', 'speed,train', '--compile', 'reduce-overhead',
-                               '--rounds', '1', '--sizes', '800x1344', '--skip-official'],
-                   "torch.compile(mode='reduce-overhead')"),
-    'compile': ('compile', ['--sections', 'speed,train', '--compile', 'default', '--rounds',
-                            '1', '--sizes', '800x1344', '--skip-official'], 'torch.compile()'),
-    'detector': ('detector', ['--sections', 'detector'],
-                 'RetinaNet and Mask R-CNN: training iteration and test forward'),
 }
 
 # What --small changes: toy sizes for every benchmark section.
 SMALL = ['--sizes', '64x64', '--repeat', '0', '--train-batch', '1', '--pinv-sizes', '16',
-         '130', '--skip-official', '--detector-size', '128x160']
+         '130', '--matmul-sizes', '40', '--skip-official', '--detector-size', '128x160']
+SMALL_FIDELITY = ['--size', '96x128', '--images', 'astronaut', 'blank']
 FULL = ['--sizes', '512x512', '800x1344', '--rounds', '3']
 
 NO_PYTEST = ('not run: pytest is not installed here (on a GPU machine without a registry, '
@@ -121,15 +150,18 @@ def machine(device):
 
 def command(name, args):
     """The argv of step ``name``."""
-    bench = STEPS[name][1]
-    if bench is None:
+    _, tool, own, _ = STEPS[name]
+    if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']
+    out = ['--json', osp.join(args.out, f'{name}.json')]
+    if tool == 'fidelity':
+        return ([sys.executable, FIDELITY, '--device', args.device] + own
+                + (SMALL_FIDELITY if args.small else []) + out)
     # argparse keeps an option's last value: a step's own sizes and rounds override FULL,
     # and --small's toy sizes override everything
     return ([sys.executable, BENCHMARK, '--device', args.device] +
-            (bench + SMALL if args.small else FULL + bench) +
-            ['--json', osp.join(args.out, f'{name}.json')])
+            (own + SMALL if args.small else FULL + own) + out)
 
 
 def run_step(cmd, timeout):
@@ -154,7 +186,7 @@ def shown(printed, name):
     """What report.md keeps of a step's output: the pytest summary, or the benchmark's
     tables and sentences without mmengine's and torch's log lines and Python's warnings
     (report.log keeps everything)."""
-    if STEPS[name][1] is None:
+    if STEPS[name][1] == 'pytest':
         return [ln for ln in printed.splitlines() if not MMENGINE_LOG.match(ln)][-15:]
     lines, warning = [], False
     for ln in printed.splitlines():  # a warning's next line, if indented, is its source
@@ -171,7 +203,7 @@ def main(argv=None):
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', choices=['cuda', 'cpu'], required=True)
     parser.add_argument('--out', required=True, help='directory for the report')
-    parser.add_argument('--part', choices=['base', 'detector', 'compile', 'all'],
+    parser.add_argument('--part', choices=['base', 'compile', 'detector', 'extra', 'all'],
                         default='base')
     parser.add_argument('--steps', nargs='+', choices=sorted(STEPS),
                         help='only these steps (in the order of the list above)')
@@ -181,7 +213,7 @@ def main(argv=None):
                         help='seconds: no step starts after this, and a running step is '
                         'stopped when it is spent')
     args = parser.parse_args(argv)
-    names = [n for n, (part, _, _) in STEPS.items()
+    names = [n for n, (part, _, _, _) in STEPS.items()
              if (args.part == 'all' or part == args.part)
              and (args.steps is None or n in args.steps)]
     if args.steps and not names:
@@ -204,9 +236,9 @@ def main(argv=None):
             cmd = command(name, args)
             shown_cmd = ' '.join(osp.relpath(c, ROOT) if c.startswith(ROOT) else c
                                  for c in [osp.basename(sys.executable)] + cmd[1:])
-            section = ['', f'## {name}: {STEPS[name][2]}', '', f'`{shown_cmd}`', '']
+            section = ['', f'## {name}: {STEPS[name][3]}', '', f'`{shown_cmd}`', '']
             left = args.budget - (time.perf_counter() - start)
-            if STEPS[name][1] is None and importlib.util.find_spec('pytest') is None:
+            if STEPS[name][1] == 'pytest' and importlib.util.find_spec('pytest') is None:
                 write(section + [NO_PYTEST])
                 failed.append(name)
                 print(f'[{name}] {NO_PYTEST}', flush=True)
