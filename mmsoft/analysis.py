@@ -46,13 +46,15 @@ def soft_attention_inputs(model, x):
     return seen
 
 
-def _sima_inputs(model, x):
-    """Run ``model(x)`` and return {name: (module, tokens)} of every SimA attention."""
+def module_inputs(model, x, module_type):
+    """Run ``model(x)`` without gradients and return {name: (module, input)} of every
+    module of ``module_type``, its first input copied before the module runs (so an
+    in-place module keeps what it received)."""
     seen, handles = {}, []
     for name, mod in model.named_modules():
-        if isinstance(mod, SimAAttention):
-            handles.append(mod.register_forward_hook(
-                lambda m, inp, out, name=name: seen.__setitem__(name, (m, inp[0]))))
+        if isinstance(mod, module_type):
+            handles.append(mod.register_forward_pre_hook(
+                lambda m, inp, name=name: seen.__setitem__(name, (m, inp[0].detach().clone()))))
     try:
         with torch.no_grad():
             model(x)
@@ -60,6 +62,11 @@ def _sima_inputs(model, x):
         for h in handles:
             h.remove()
     return seen
+
+
+def _sima_inputs(model, x):
+    """{name: (module, tokens)} of every SimA attention that ``model(x)`` runs."""
+    return module_inputs(model, x, SimAAttention)
 
 
 def soft_layers(model, x):

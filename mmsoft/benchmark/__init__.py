@@ -25,9 +25,9 @@ from .modes import section_modes
 from .plan import section_dwconv, section_kernel, section_matmul, section_pinv
 from .speed import section_speed, section_train
 
-SECTIONS = {'pinv': section_pinv, 'matmul': section_matmul, 'dwconv': section_dwconv, 'kernel': section_kernel,
-            'speed': section_speed, 'train': section_train, 'modes': section_modes,
-            'memory': section_memory, 'scaling': section_scaling,
+SECTIONS = {'pinv': section_pinv, 'matmul': section_matmul, 'dwconv': section_dwconv,
+            'kernel': section_kernel, 'speed': section_speed, 'train': section_train,
+            'modes': section_modes, 'memory': section_memory, 'scaling': section_scaling,
             'launches': section_launches, 'detector': section_detector}
 
 __all__ = [

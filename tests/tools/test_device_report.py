@@ -40,6 +40,7 @@ def test_report_runs_its_steps(tmp_path):
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
     assert set(fidelity['outputs']['blank']) == set(device_report.FIDELITY_PATHS)
     assert set(fidelity['gradients']) == {'astronaut'}
+    assert set(fidelity['gradients']['astronaut']['paths']) == set(device_report.FIDELITY_PATHS)
     assert '===== detector' in (tmp_path / 'report.log').read_text()
 
 

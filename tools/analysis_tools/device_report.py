@@ -116,7 +116,8 @@ STEPS = {
 # What --small changes: toy sizes for every benchmark section.
 SMALL = ['--sizes', '64x64', '--repeat', '0', '--train-batch', '1', '--pinv-sizes', '16',
          '130', '--matmul-sizes', '40', '--skip-official', '--detector-size', '128x160']
-SMALL_FIDELITY = ['--size', '96x128', '--images', 'astronaut', 'blank']
+SMALL_FIDELITY = ['--size', '96x128', '--images', 'astronaut', 'blank', '--gradient-images',
+                  'astronaut']
 FULL = ['--sizes', '512x512', '800x1344', '--rounds', '3']
 
 NO_PYTEST = ('not run: pytest is not installed here (on a GPU machine without a registry, '

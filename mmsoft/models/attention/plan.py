@@ -158,12 +158,13 @@ class AttentionPlan:
 # tf32_float32_steps ('tf32'; every plan): (1, 8), TF32 emulated by truncation (the worse
 #   of the conversions tensor cores apply). The first float32 step keeps kernels near
 #   the step size's boundary from diverging (the 'boundary' kernels of mmsoft.testing:
-#   without it 15× the hard-kernel bound, to inf when rounding to nearest); the last
-#   ones bring SOFT-S's output maps back within the 1e-5 floor: worst map over
-#   astronaut, rocket and the text page at 640×640 (`fidelity.py --size 640x640`), last
-#   float32 steps 3 / 4 / 5 / 6 / 7 / 8: 3.7e-5 / 2.1e-5 / 1.2e-5 / 7.8e-6 / 5.5e-6 /
-#   4.3e-6 (rounding to nearest: 6.2e-6 / 3.4e-6 at 3 / 4); at 800×1344 (3 images) 6
-#   steps give 2.2e-6.
+#   without it 15× the hard-kernel bound, to inf when rounding to nearest). The last
+#   ones are the fewest that keep SOFT-S's floor at 640×640 on every image measured
+#   (`tools/analysis_tools/fidelity.py --size 640x640 --gradients --gradient-images
+#   astronaut coffee chelsea rocket --paths default cuda spectral32 tf32-1-4 tf32-1-6
+#   tf32-1-8`): with 4 / 6 the cat photo's maps are 5.6e-5 / 5.2e-5 from float64 and the
+#   astronaut's gradients 5e-2; with 8, maps 4.4e-6 at worst (float32 'iterative':
+#   3.7e-6), gradients 5.8e-6; at 800×1344 maps 2.0e-6 (6 images).
 #
 # pinv_pad: 1 on every device (none). Zero padding changes no value; on the H100 it
 #   sped up 'tf32' (27.3 → 21.1 ms at m = 1025 padded to 1032) and not 'iterative'.

@@ -51,7 +51,7 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
     assert resolve_pinv_method('auto', M, 'cuda') == PLANS['cuda'].pinv[-1][1]
 
 
-# Worst map over the six images at 384×640, 2 threads (AVX-512) / OMP_NUM_THREADS=1 with
+# Worst map over the seven images at 384×640, 2 threads (AVX-512) / OMP_NUM_THREADS=1 with
 # ATEN_CPU_CAPABILITY=default: the CPU's plan 2.5e-6 / 4.0e-6, CUDA's 2.5e-6 / 3.7e-6, with
 # 'tf32' 1.7e-6 / 2.7e-6 (the floor is 1e-5: ≥ 2.5× margin). At 640×640 and 800×1344:
 # docs/en/notes/numerics.md.
@@ -88,3 +88,14 @@ def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
     plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(0, 0))
     x, refs = references['page']
     assert max(output_deviations(model, x, refs, plan, device_type='cpu')) > OUTPUT_TOL
+
+
+def test_relu_flips_are_counted():
+    """A ReLU input that float32 rounds to the other side of 0 than float64 is counted
+    (1e8 + 1 - 1e8: 1 in float64, 0 in float32)."""
+    from mmsoft.testing import relu_flips
+    net = torch.nn.Sequential(torch.nn.Linear(3, 1, bias=False), torch.nn.ReLU())
+    with torch.no_grad():
+        net[0].weight.fill_(1.)
+    assert relu_flips(net, torch.tensor([[1e8, 1., -1e8]])) == (1, 1.0)
+    assert relu_flips(net, torch.tensor([[1e8, 16., -1e8]])) == (0, float('inf'))
