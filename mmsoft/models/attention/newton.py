@@ -205,10 +205,10 @@ def _newton_steps_split(A, V, steps):
 
 def _newton_steps(A, V, steps, precision='float32'):
     """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
-    'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA, the operands'
-    rounding emulated elsewhere) or 'tf32x3' (three TF32 products of split operands:
-    float32 accuracy, ``_split_bmm``). TF32 rounds float32 operands only: a float64 A
-    runs every step in float64.
+    'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA; elsewhere emulated,
+    the operands cut to TF32 by ``truncate_tf32``) or 'tf32x3' (three TF32 products of
+    split operands: float32 accuracy, ``_split_bmm``). TF32 rounds float32 operands only:
+    a float64 A runs every step in float64.
 
     A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
     """
@@ -233,7 +233,7 @@ def _newton_steps(A, V, steps, precision='float32'):
     return V
 
 
-def _schedule(method, iters, tf32_float32_steps=(1, 2)):
+def _schedule(method, iters, tf32_float32_steps=(1, 8)):
     """The iteration's steps as [(count, precision), ...] (``_newton_steps``).
 
     'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
@@ -247,7 +247,8 @@ def _schedule(method, iters, tf32_float32_steps=(1, 2)):
       from where TF32 rounding no longer diverges.
     - last: Newton's step squares the error in converged directions (E → -E·A·E), so
       float32 steps at the end remove most TF32 rounding there; with none, hard kernels
-      end 1.5e-3–2.6e-3 from the float64 iterate, with two, within 3.1e-4.
+      end 1.5e-3–2.6e-3 from the float64 iterate, with two, within 3.1e-4. The plans
+      take 8, the fewest that keep SOFT-S's output floor (``plan.py``).
     """
     if method == 'iterative':
         return [(iters, 'float32')]
