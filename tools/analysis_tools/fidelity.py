@@ -79,6 +79,10 @@ def build_parser():
                         help='images of the gradient floor (default: the natural photos '
                         f'{", ".join(NATURAL_IMAGES)}; flat images hold cancelling sums '
                         'that float32 alone moves by ~1e-3)')
+    parser.add_argument('--tf32-convolutions', action='store_true',
+                        help="CUDA: keep PyTorch's default TF32 convolutions (they alone move "
+                        'the outputs by ~5e-4, whatever computes the attention; off by '
+                        "default, so that the paths' own rounding is measured)")
     parser.add_argument('--json', help='write the deviations to this JSON file')
     return parser
 
@@ -98,13 +102,17 @@ def main(argv=None):
         plans = {name: path_plan(name, args.device) for name in args.paths}
     except ValueError as e:
         parser.error(str(e))
+    if not args.tf32_convolutions:
+        torch.backends.cudnn.allow_tf32 = False  # no effect off CUDA
     torch.manual_seed(0)
     model, weights = cli.backbone_from_args(args)
     model = model.to(args.device).eval()
     device_type = torch.device(args.device).type
-    print(f'# fidelity of {cli.model_name(args)} ({weights}) at {H}×{W} on {args.device}, '
-          f'torch {torch.__version__}: worst output map (max |Δ| / max |ref|) against the '
-          f'float64 official order; floor {OUTPUT_TOL:g}\n')
+    convs = ('' if device_type != 'cuda' else ', TF32 convolutions '
+             + ('on' if torch.backends.cudnn.allow_tf32 else 'off'))
+    print(f'# fidelity of {cli.model_name(args)} ({weights}) at {H}×{W} on {args.device}'
+          f'{convs}, torch {torch.__version__}: worst output map (max |Δ| / max |ref|) '
+          f'against the float64 official order; floor {OUTPUT_TOL:g}\n')
     print('| image | ' + ' | '.join(args.paths) + ' |')
     print('|---|' + '---|' * len(args.paths))
     results = dict(size=[H, W], device=args.device, weights=weights, outputs={},
