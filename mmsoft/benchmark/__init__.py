@@ -32,7 +32,6 @@ SECTIONS = {'pinv': section_pinv, 'matmul': section_matmul, 'dwconv': section_dw
 
 __all__ = [
     'SECTIONS', 'section_detector', 'section_dwconv', 'section_kernel', 'section_launches',
-    'section_matmul',
-    'section_memory', 'section_modes', 'section_pinv', 'section_scaling', 'section_speed',
-    'section_train'
+    'section_matmul', 'section_memory', 'section_modes', 'section_pinv', 'section_scaling',
+    'section_speed', 'section_train'
 ]

@@ -26,16 +26,17 @@ from .common import build, fmt, parse_size, time_call
 
 
 # ------------------------------------------------------------------------------- pinv
-def _pinv_applied(A, Z, **kwargs):
-    """A⁺·Z as inference computes it (a column of the pinv section)."""
+def _pinv_applied(A, Z, pad_to=1, **kwargs):
+    """A⁺·Z as inference computes it (a column of the pinv section; unpadded unless
+    ``pad_to`` says otherwise, whatever the plan pads)."""
     from mmsoft.models.attention import newton_pinv_apply
-    return newton_pinv_apply(A, Z, nonnegative=True, **kwargs)
+    return newton_pinv_apply(A, Z, nonnegative=True, pad_to=pad_to, **kwargs)
 
 
-def _pinv_formed(A, Z, **kwargs):
-    """The formed iterate, as training keeps it for backward."""
+def _pinv_formed(A, Z, pad_to=1, **kwargs):
+    """The formed iterate, as training keeps it for backward (padding as above)."""
     from mmsoft.models.attention import newton_pinv
-    return newton_pinv(A, nonnegative=True, **kwargs)
+    return newton_pinv(A, nonnegative=True, pad_to=pad_to, **kwargs)
 
 
 def pinv_columns(args):
@@ -61,9 +62,6 @@ def pinv_columns(args):
     if k > 1:  # the iterations again on sizes padded to a multiple of k
         for name in [c for c in cols if not c.startswith('spectral')]:
             cols[f'{name}, m padded to ×{k}'] = partial(cols[name], pad_to=k)
-    for name in cols:  # the same padding for every other column: none
-        if 'padded' not in name and not name.startswith('spectral'):
-            cols[name] = partial(cols[name], pad_to=1)
     return cols
 
 

@@ -15,9 +15,8 @@ from ..models.attention import gaussian_kernel, newton_alpha, newton_pinv_apply
 
 __all__ = [
     'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
-    'hard_landmarks',
-    'hard_problem', 'kernel_bound', 'official_float32_iterate', 'pinv_accuracy',
-    'relative_deviation'
+    'hard_landmarks', 'hard_problem', 'kernel_bound', 'official_float32_iterate',
+    'pinv_accuracy', 'relative_deviation'
 ]
 
 HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity',

@@ -23,18 +23,17 @@ SimA (SPEC 2.1):
 Shapes use B batch, h heads, N tokens, m landmarks, d head dim. Every function works on
 any leading batch dimensions (``...``).
 """
-from .newton import (PINV_METHODS, newton_alpha, newton_pinv,
-                     newton_pinv_apply, newton_pinv_error, normalize_inverse,
-                     regularized_apply, resolve_pinv_method, round_tf32,
-                     truncate_tf32)
+from .newton import (PINV_METHODS, newton_alpha, newton_pinv, newton_pinv_apply,
+                     newton_pinv_error, normalize_inverse, regularized_apply,
+                     resolve_pinv_method, round_tf32, truncate_tf32)
 from .plan import DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan, plan_for
 from .sima import sima_attention
 from .soft import (gaussian_kernel, kernel_features, kernel_matmul, official_order_attention,
                    soft_attention)
 
 __all__ = [
-    'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'AttentionPlan',
-    'attention_plan', 'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'newton_alpha',
+    'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'AttentionPlan', 'attention_plan',
+    'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'newton_alpha',
     'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse',
     'official_order_attention', 'plan_for', 'regularized_apply', 'resolve_pinv_method',
     'round_tf32', 'sima_attention', 'soft_attention', 'truncate_tf32'

@@ -46,7 +46,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .plan import EXACT_PINV_METHODS, compute_dtype, device_type, plan_for
+from .plan import (EXACT_PINV_METHODS, check_pinv_options, compute_dtype, device_type,
+                   plan_for)
 
 __all__ = [
     'PINV_METHODS', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
@@ -233,7 +234,7 @@ def _newton_steps(A, V, steps, precision='float32'):
     return V
 
 
-def _schedule(method, iters, tf32_float32_steps=(1, 8)):
+def _schedule(method, iters, tf32_float32_steps):
     """The iteration's steps as [(count, precision), ...] (``_newton_steps``).
 
     'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
@@ -418,21 +419,12 @@ class _NewtonPinvApply(torch.autograd.Function):
 
 
 def _options(A, **given):
-    """The options ``given``, those left None the plan's for A's device type."""
+    """The options ``given`` (``check_pinv_options``), those left None the plan's for A's
+    device type."""
     if any(v is None for v in given.values()):
         planned = plan_for(A.device.type).pinv_options()
-        given = {k: planned.get(k) if v is None else v for k, v in given.items()}
-    if given['eigh_dtype'] not in ('float32', 'float64'):
-        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got "
-                         f"{given['eigh_dtype']!r}")
-    if not isinstance(given['pad_to'], int) or given['pad_to'] < 1:
-        raise ValueError(f"pad_to must be an int >= 1, got {given['pad_to']!r}")
-    steps = given['tf32_float32_steps']
-    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
-            or any(not isinstance(n, int) or n < 0 for n in steps)):
-        raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
-                         f'and after the TF32 ones), got {steps!r}')
-    return dict(given, tf32_float32_steps=tuple(steps))
+        given = {k: planned[k] if v is None else v for k, v in given.items()}
+    return check_pinv_options(**given, pad_name='pad_to')
 
 
 def newton_pinv(A, iters=20, method='auto', nonnegative=False, *, eigh_dtype=None,

@@ -45,13 +45,30 @@ import torch
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PLANS', 'attention_plan',
-    'compute_dtype', 'device_type', 'plan_for'
+    'check_pinv_options', 'compute_dtype', 'device_type', 'plan_for'
 ]
 
 # The ways to compute the same T-step iterate (``newton.py``), which a plan may pick.
 EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
 LAYOUTS = ('images', 'channels')
 ORDERS = ('thin', 'official')
+
+
+def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pinv_pad'):
+    """The options of how an iterate is computed besides its method (a plan's fields,
+    ``newton_pinv``'s arguments), checked: {eigh_dtype, tf32_float32_steps (a tuple),
+    pad_to}. ``pad_name`` names the padding in the error (the plan's field or the
+    function's argument)."""
+    if eigh_dtype not in ('float32', 'float64'):
+        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got {eigh_dtype!r}")
+    steps = tf32_float32_steps
+    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
+            or any(not isinstance(n, int) or n < 0 for n in steps)):
+        raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
+                         f'and after the TF32 ones), got {steps!r}')
+    if not isinstance(pad_to, int) or pad_to < 1:
+        raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
+    return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to)
 
 
 @dataclass(frozen=True)
@@ -91,16 +108,8 @@ class AttentionPlan:
             if method not in EXACT_PINV_METHODS:
                 raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
                                  f'{method!r}')
-        if self.eigh_dtype not in ('float32', 'float64'):
-            raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got "
-                             f'{self.eigh_dtype!r}')
-        steps = self.tf32_float32_steps
-        if (not isinstance(steps, (tuple, list)) or len(steps) != 2
-                or any(not isinstance(n, int) or n < 0 for n in steps)):
-            raise ValueError(f'tf32_float32_steps must be two ints >= 0, got {steps!r}')
-        object.__setattr__(self, 'tf32_float32_steps', tuple(steps))
-        if not isinstance(self.pinv_pad, int) or self.pinv_pad < 1:
-            raise ValueError(f'pinv_pad must be an int >= 1, got {self.pinv_pad!r}')
+        object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
+            self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad)['tf32_float32_steps'])
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         once = self.kernel_once_up_to
