@@ -3,7 +3,8 @@
 for host work per step (``profiling``)."""
 from .fidelity import (FIDELITY_IMAGES, GRADIENT_TOL, NATURAL_IMAGES, OUTPUT_TOL,
                        fidelity_image, gradient_deviations, output_deviations,
-                       reference_gradients, reference_outputs, relu_flips)
+                       reference_gradients, reference_outputs, reference_relu_inputs,
+                       relu_flips)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
                        hard_landmarks, hard_problem, kernel_bound, official_float32_iterate,
                        pinv_accuracy, relative_deviation)
@@ -14,6 +15,6 @@ __all__ = [
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
     'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_deviations',
-    'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'relative_deviation',
-    'relu_flips'
+    'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'reference_relu_inputs',
+    'relative_deviation', 'relu_flips'
 ]

@@ -23,7 +23,7 @@ from .numerics import relative_deviation
 __all__ = [
     'FIDELITY_IMAGES', 'GRADIENT_TOL', 'NATURAL_IMAGES', 'OUTPUT_TOL', 'fidelity_image',
     'gradient_deviations', 'output_deviations', 'reference_gradients', 'reference_outputs',
-    'relu_flips'
+    'reference_relu_inputs', 'relu_flips'
 ]
 
 OUTPUT_TOL = 1e-5
@@ -75,6 +75,11 @@ def _float64_official(model):
     return copy.deepcopy(model).double(), attention_plan(order='official')
 
 
+def _forced(plan, device_type):
+    """``plan`` forced for ``device_type`` inside the block (nothing for None)."""
+    return attention_plan(plan, device=device_type) if plan is not None else nullcontext()
+
+
 def reference_outputs(model, x):
     """The output maps of ``model`` on ``x`` in float64, in the official order."""
     ref, order = _float64_official(model)
@@ -86,9 +91,7 @@ def output_deviations(model, x, refs, plan=None, device_type=None):
     """Per output map, max |out - ref| / max |ref| of ``model`` (float32) on ``x`` under
     ``plan`` (an ``AttentionPlan`` forced for ``device_type``, default x's: e.g. CUDA's
     plan run on the CPU with TF32 emulated), without gradients."""
-    ctx = (attention_plan(plan, device=device_type or x.device.type)
-           if plan is not None else nullcontext())
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), _forced(plan, device_type or x.device.type):
         outs = model(x)
     return [relative_deviation(o, r) for o, r in zip(outs, refs)]
 
@@ -127,9 +130,7 @@ def gradient_deviations(model, x, refs, plan=None, device_type=None):
     """Per parameter, ‖∇ - ∇ref‖ / ‖∇ref‖ of one float32 training step of ``model`` (eval
     mode) on ``x`` under ``plan`` (as in ``output_deviations``). Parameters whose
     reference gradient is zero by construction (≤ 1e-12 of the largest) are left out."""
-    ctx = (attention_plan(plan, device=device_type or x.device.type)
-           if plan is not None else nullcontext())
-    with ctx:
+    with _forced(plan, device_type or x.device.type):
         grads = _gradients(model.eval(), x)
     scale = max(g.abs().max() for g in refs.values())
     out = {}
@@ -140,9 +141,19 @@ def gradient_deviations(model, x, refs, plan=None, device_type=None):
     return out
 
 
-def relu_flips(model, x, plan=None, device_type=None):
+def reference_relu_inputs(model, x):
+    """The inputs of every ReLU of ``model`` on ``x`` in float64, in the official order
+    (``relu_flips``' reference)."""
+    from ..analysis import module_inputs
+    ref, order = _float64_official(model)
+    with order:
+        return module_inputs(ref, x.double(), torch.nn.ReLU)
+
+
+def relu_flips(model, x, refs, plan=None, device_type=None):
     """How many ReLU inputs of ``model`` on ``x`` under ``plan`` (float32) lie on the other
-    side of 0 than in the float64 official order, and the smallest |input| among them.
+    side of 0 than the reference's ``refs`` (``reference_relu_inputs``), and the smallest
+    |input| among them.
 
     A ReLU input within rounding of 0 may flip with any change of the forward at the
     1e-6 level, and the whole gradient through that element with it: one flip in a flat
@@ -151,16 +162,11 @@ def relu_flips(model, x, plan=None, device_type=None):
     the gradients.
     """
     from ..analysis import module_inputs
-    ref, order = _float64_official(model)
-    with order:
-        ref_inputs = module_inputs(ref, x.double(), torch.nn.ReLU)
-    ctx = (attention_plan(plan, device=device_type or x.device.type)
-           if plan is not None else nullcontext())
-    with ctx:
+    with _forced(plan, device_type or x.device.type):
         inputs = module_inputs(model, x, torch.nn.ReLU)
     flips, smallest = 0, float('inf')
     for name, (_, a) in inputs.items():
-        b = ref_inputs[name][1]
+        b = refs[name][1]
         changed = (a > 0) != (b > 0)
         if changed.any():
             flips += int(changed.sum())

@@ -90,7 +90,7 @@ def build_parser():
 def main(argv=None):
     from mmsoft.testing import (GRADIENT_TOL, OUTPUT_TOL, fidelity_image, gradient_deviations,
                                 output_deviations, reference_gradients, reference_outputs,
-                                relu_flips)
+                                reference_relu_inputs, relu_flips)
     parser = build_parser()
     args = parser.parse_args(argv)
     cli.setup_logging()
@@ -140,12 +140,13 @@ def main(argv=None):
         for image in args.gradient_images:
             x = fidelity_image(image, (H, W)).to(args.device)
             refs = reference_gradients(model, x)
+            relu_refs = reference_relu_inputs(model, x)
 
             def measured(plan):
                 devs = gradient_deviations(model, x, refs, plan, device_type)
                 worst = max(devs, key=devs.get)
                 return dict(gradients=devs, worst=worst,
-                            relu_flips=relu_flips(model, x, plan, device_type))
+                            relu_flips=relu_flips(model, x, relu_refs, plan, device_type))
 
             base = measured(official)
             bound = max(GRADIENT_TOL, 2 * base['gradients'][base['worst']])

@@ -93,9 +93,10 @@ def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
 def test_relu_flips_are_counted():
     """A ReLU input that float32 rounds to the other side of 0 than float64 is counted
     (1e8 + 1 - 1e8: 1 in float64, 0 in float32)."""
-    from mmsoft.testing import relu_flips
+    from mmsoft.testing import reference_relu_inputs, relu_flips
     net = torch.nn.Sequential(torch.nn.Linear(3, 1, bias=False), torch.nn.ReLU())
     with torch.no_grad():
         net[0].weight.fill_(1.)
-    assert relu_flips(net, torch.tensor([[1e8, 1., -1e8]])) == (1, 1.0)
-    assert relu_flips(net, torch.tensor([[1e8, 16., -1e8]])) == (0, float('inf'))
+    for x, counted in (([[1e8, 1., -1e8]], (1, 1.0)), ([[1e8, 16., -1e8]], (0, float('inf')))):
+        x = torch.tensor(x)
+        assert relu_flips(net, x, reference_relu_inputs(net, x)) == counted
