@@ -10,9 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from .models.attention import (gaussian_kernel, newton_alpha, newton_pinv, newton_pinv_error,
-                               normalize_inverse)
+                               normalize_inverse, plan_for)
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
+
+
+def _planned_pinv(A, iters):
+    """The T-step iterate of A (``iters`` steps), computed as the plan in force for A's
+    device computes the exact iterate for its size."""
+    plan = plan_for(A.device.type)
+    return newton_pinv(A, iters, plan.pinv_method(A.shape[-1]), **plan.pinv_options())
 
 
 def soft_attention_inputs(model, x):
@@ -101,7 +108,7 @@ def soft_attention_rows(model, x, layer, query):
         raise KeyError(f'{layer!r} is not a SOFT attention layer; choose from {list(seen)}')
     mod, q, lm, (H, W) = seen[layer]
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)  # (B, h, N, m), (B, h, m, m)
-    Y = newton_pinv(A, iters=mod.newton_iters)
+    Y = _planned_pinv(A, mod.newton_iters)
     if mod.normalize:
         Y = normalize_inverse(A, Y)
     i, j = query_token(query, (H, W))
@@ -124,7 +131,7 @@ def sima_token_importance(model, x, layer):
     B, N, C = tokens.shape
     h = mod.num_heads
     q, k, _ = mod.qkv(tokens).reshape(B, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
-    # q̂, k̂: L1-normalized over the tokens, as in sima_attention (SPEC 2.1)
+    # q̂, k̂: L1-normalized over the tokens, as in sima_attention
     q = F.normalize(q, p=1, dim=-2).norm(dim=-1)
     k = F.normalize(k, p=1, dim=-2).norm(dim=-1)
     Hp = x.shape[-2] // model.patch_size + (x.shape[-2] % model.patch_size > 0)
@@ -143,7 +150,7 @@ def newton_convergence(model, x, iters=20):
     out = {}
     for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
         A = gaussian_kernel(lm, lm).double()
-        errs = [newton_pinv_error(A, newton_pinv(A, iters=k)).mean().item()
+        errs = [newton_pinv_error(A, _planned_pinv(A, k)).mean().item()
                 for k in range(iters + 1)]
         out[name] = dict(errors=errs, m=A.shape[-1])
     return out
@@ -152,7 +159,7 @@ def newton_convergence(model, x, iters=20):
 @torch.no_grad()
 def newton_boundary(model, x, iters=20, near=1.9):
     """Where each landmark kernel's spectrum sits against the iterate's convergence
-    boundary αλ² = 2 (SPEC 1.1 step 5), per SOFT layer.
+    boundary αλ² = 2 (the step size of paper Alg. 2), per SOFT layer.
 
     On an eigenvalue λ of A the T-step iterate is v_T(λ) = (1 - (1 - αλ²)^(2^T)) / λ, so
     λ·v_T(λ) - 1 = -(1 - αλ²)^(2^T): 0 where the iterate has converged to 1/λ, -1 where
@@ -192,7 +199,7 @@ def inverse_spectral_norms(model, x):
     out = {}
     for name, (mod, _, lm, _) in soft_attention_inputs(model, x).items():
         A = gaussian_kernel(lm, lm).double()
-        Y = newton_pinv(A, iters=mod.newton_iters)
+        Y = _planned_pinv(A, mod.newton_iters)
         plain = torch.linalg.matrix_norm(Y, ord=2).mean().item()
         normed = torch.linalg.matrix_norm(normalize_inverse(A, Y), ord=2).mean().item()
         out[name] = dict(m=A.shape[-1], plain=plain, normalized=normed)

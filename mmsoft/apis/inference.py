@@ -45,19 +45,26 @@ def init_backbone(backbone=None, config=None, checkpoint=None):
     checkpoint)."""
     from mmengine.config import Config
 
-    from ..models import SOFT, XCiTSimA
+    from ..models.utils import Backbone
+    from ..registry import MODELS
     if config is not None:
         cfg = dict(Config.fromfile(config).model.backbone)
-        cls = {'SOFT': SOFT, 'XCiTSimA': XCiTSimA}[cfg.pop('type').split('.')[-1]]
+        name = cfg.pop('type')
         cfg.pop('init_cfg', None)
         if cfg.get('norm_cfg', {}).get('type') == 'SyncBN':
             cfg['norm_cfg'] = dict(cfg['norm_cfg'], type='BN')
     else:
-        family, _, arch = (backbone or 'SOFT:small').partition(':')
-        if family not in ('SOFT', 'XCiTSimA'):
-            raise ValueError(f'backbone must be SOFT:ARCH or XCiTSimA:ARCH, got {backbone!r}')
-        cls = {'SOFT': SOFT, 'XCiTSimA': XCiTSimA}[family]
-        cfg = dict(arch=arch or ('small' if family == 'SOFT' else 's12'))
+        name, _, arch = (backbone or 'SOFT:small').partition(':')
+        cfg = dict(arch=arch) if arch else {}  # no arch: the family's default
+    cls = MODELS.get(name) if isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, Backbone)):
+        families = sorted(n for n, c in MODELS.module_dict.items()
+                          if isinstance(c, type) and issubclass(c, Backbone))
+        if config is not None:
+            raise ValueError(f'the backbone of {config} is {name!r}, not an mmsoft '
+                             f'backbone ({", ".join(families)})')
+        raise ValueError(f'backbone must be FAMILY:ARCH with FAMILY one of {families}, got '
+                         f'{backbone!r}')
     cfg['drop_path_rate'] = 0.
     if checkpoint:
         if osp.isdir(checkpoint):

@@ -98,18 +98,64 @@ def eval_batch_norms(module):
 
 class Backbone(BaseModule):
     """Base of the mmsoft backbones: what ``init_weights``, ``train`` and activation
-    checkpointing do is the same for every family (MMDetection's Swin/PVT habits).
+    checkpointing do, and the checks of the arguments every family has, are the same for
+    every family (MMDetection's Swin/PVT habits).
 
-    A subclass sets ``min_input_size`` and overrides ``adapt_checkpoint`` (its official
-    checkpoints -> its own keys), ``_frozen_parts`` and, to add to it, ``_init_random``.
+    A subclass sets ``min_input_size``, calls ``_parse_out_indices`` and, once it knows
+    how many stages (or blocks) it builds, ``_check_frozen_stages``, and overrides
+    ``adapt_checkpoint`` (its official checkpoints -> its own keys), ``_frozen_parts``
+    and, to add to it, ``_init_random``.
+
+    Args:
+        frozen_stages (int): what ``_frozen_parts`` freezes; -1 freezes nothing.
+        norm_eval (bool): keep the BatchNorm layers in eval mode while training.
+        with_cp (bool): activation checkpointing of every block.
+        drop_path_rate (float): stochastic depth rate, in [0, 1).
+        init_cfg (dict | list[dict], optional): mmengine initializers; ``Pretrained``
+            loads a checkpoint last.
     """
     min_input_size = 1
 
-    def __init__(self, frozen_stages=-1, norm_eval=False, with_cp=False, init_cfg=None):
+    def __init__(self, frozen_stages=-1, norm_eval=False, with_cp=False, drop_path_rate=0.,
+                 init_cfg=None):
         super().__init__(init_cfg=init_cfg)
+        family = type(self).__name__
+        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) \
+                or frozen_stages < -1:
+            raise ValueError(f'{family}: frozen_stages must be an int >= -1, got '
+                             f'{frozen_stages!r}')
+        if not isinstance(drop_path_rate, (int, float)) or not 0 <= drop_path_rate < 1:
+            raise ValueError(f'{family}: drop_path_rate must be in [0, 1), got '
+                             f'{drop_path_rate!r}')
+        for name, value in (('norm_eval', norm_eval), ('with_cp', with_cp)):
+            if not isinstance(value, bool):
+                raise ValueError(f'{family}: {name} must be True or False, got {value!r}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
+        self.drop_path_rate = float(drop_path_rate)
+
+    # -- argument checks ----------------------------------------------------------------
+    def _parse_out_indices(self, out_indices, num, what, count=None):
+        """``out_indices`` (an int or a sequence of ints) as a sorted tuple, checked:
+        distinct indices of ``what`` in [0, ``num`` - 1], exactly ``count`` of them if
+        given, else at least one."""
+        indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
+        valid = (bool(indices) and all(isinstance(i, int) and not isinstance(i, bool)
+                                       for i in indices)
+                 and len(set(indices)) == len(indices) and min(indices) >= 0
+                 and max(indices) < num and (count is None or len(indices) == count))
+        if not valid:
+            size = f'{count}' if count is not None else 'one or more'
+            raise ValueError(f'{type(self).__name__}: out_indices must be {size} distinct '
+                             f'{what} indices in [0, {num - 1}], got {out_indices!r}')
+        return tuple(sorted(indices))
+
+    def _check_frozen_stages(self, built, what):
+        """``frozen_stages`` at most ``built``, the number of ``what`` built."""
+        if self.frozen_stages > built:
+            raise ValueError(f'{type(self).__name__}: frozen_stages must be in [-1, {built}] '
+                             f'(the number of built {what}), got {self.frozen_stages}')
 
     # -- initialization -----------------------------------------------------------------
     def _init_random(self):

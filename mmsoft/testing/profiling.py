@@ -24,14 +24,21 @@ class LaunchCounter(TorchDispatchMode):
     of a host tensor to another device (``transfers``): on a GPU such a copy waits for
     the device to finish its queue. 0-dim host tensors are passed as values (no copy).
 
+    Args:
+        shapes_of (Iterable[str]): operator names (e.g. ``'exp_'``) whose output shapes
+            to record, in call order.
+
     Attributes:
         counts (Counter): operator name -> calls.
         transfers (list[str]): the operators that copied a host tensor to a device.
+        shapes (dict[str, list[tuple]]): for each name of ``shapes_of``, the shape of
+            every output it produced.
     """
 
-    def __init__(self):
+    def __init__(self, shapes_of=()):
         super().__init__()
         self.counts, self.transfers = Counter(), []
+        self.shapes = {name: [] for name in shapes_of}
 
     @property
     def total(self):
@@ -45,6 +52,8 @@ class LaunchCounter(TorchDispatchMode):
                                      for r in returns)
         if not view and name not in NO_KERNEL_OPS:
             self.counts[name] += 1
+        if name in self.shapes:
+            self.shapes[name].append(tuple(out.shape))
         host = any(isinstance(t, torch.Tensor) and t.device.type == 'cpu' and t.dim() > 0
                    for t in tree_leaves((args, kwargs)))
         if host and any(isinstance(t, torch.Tensor) and t.device.type != 'cpu'

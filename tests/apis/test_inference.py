@@ -38,5 +38,9 @@ def test_init_backbone_from_a_spec_or_a_config(tmp_path):
     with torch.no_grad():
         out = model(expected['input'])
     assert rel_err(out[0], expected['stage1']) < 1e-5  # the fixture's weights were loaded
-    with pytest.raises(ValueError, match='SOFT:ARCH'):
+    families = r"FAMILY:ARCH with FAMILY one of \['SOFT', 'XCiTSimA'\]"
+    with pytest.raises(ValueError, match=families):
         init_backbone('ResNet:50')
+    (tmp_path / 'resnet.py').write_text("model = dict(backbone=dict(type='ResNet', depth=50))\n")
+    with pytest.raises(ValueError, match="'ResNet', not an mmsoft backbone"):
+        init_backbone(config=str(tmp_path / 'resnet.py'))

@@ -1,6 +1,6 @@
 """The attention math of both backbone families, as plain functions.
 
-SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
+SOFT (TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``gaussian_kernel``      κ(a, b) = exp(-||a - b||² / 2) between two token sets
     ``kernel_features``      [a, |a|², -1/2] and [b, -1/2, |b|²]: κ = exp(min(â·b̂ᵀ, 0))
     ``kernel_matmul``        κ(q, l)·w or κ(q, l)ᵀ·w, κ recomputed in backward (not kept)
@@ -10,31 +10,36 @@ SOFT (SPEC 1.1, TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``normalize_inverse``    attention normalization D^-1/2 A⁺ D^-1/2
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
     ``official_order_attention``  the official order (P·Â)·(Pᵀ·V): the reference
-    ``PINV_METHODS``         the ways to compute the iterate (``newton.py``)
+    ``EXACT_PINV_METHODS``   the ways to compute the iterate (``newton.py``)
 
-Per device (``plan.py``):
+Per device (``plan.py``), read once per SOFT layer's forward and passed down:
     ``PLANS`` / ``plan_for`` the ``AttentionPlan`` of each device type: which iterate
                              'auto' runs, the chunks of P, the depthwise-conv layout
-    ``attention_plan``       force choices for a block of code (like ``sdpa_kernel``)
+    ``attention_plan``       force choices for a block of code, in this thread
+    ``PINV_METHODS``         what a layer's ``pinv_method`` may say ('auto' and the rest)
 
-SimA (SPEC 2.1):
+Dtypes (``dtypes.py``, both families): ``compute_dtype``, ``device_type``.
+
+SimA (the SimA paper's attention):
     ``sima_attention``       L1-normalized q, k over tokens, no softmax
 
 Shapes use B batch, h heads, N tokens, m landmarks, d head dim. Every function works on
 any leading batch dimensions (``...``).
 """
-from .newton import (PINV_METHODS, newton_alpha, newton_pinv, newton_pinv_apply,
-                     newton_pinv_error, normalize_inverse, regularized_apply,
-                     resolve_pinv_method, round_tf32, truncate_tf32)
-from .plan import DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan, plan_for
+from .dtypes import compute_dtype, device_type
+from .newton import (EXACT_PINV_METHODS, newton_alpha, newton_pinv, newton_pinv_apply,
+                     newton_pinv_error, normalize_inverse, regularized_apply, round_tf32,
+                     truncate_tf32)
+from .plan import (DEFAULT_PLAN, PINV_METHODS, PLANS, AttentionPlan, attention_plan, plan_for,
+                   resolve_pinv_method)
 from .sima import sima_attention
 from .soft import (gaussian_kernel, kernel_features, kernel_matmul, official_order_attention,
                    soft_attention)
 
 __all__ = [
-    'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'AttentionPlan', 'attention_plan',
-    'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'newton_alpha',
-    'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse',
-    'official_order_attention', 'plan_for', 'regularized_apply', 'resolve_pinv_method',
-    'round_tf32', 'sima_attention', 'soft_attention', 'truncate_tf32'
+    'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PINV_METHODS', 'PLANS', 'AttentionPlan',
+    'attention_plan', 'compute_dtype', 'device_type', 'gaussian_kernel', 'kernel_features',
+    'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
+    'normalize_inverse', 'official_order_attention', 'plan_for', 'regularized_apply',
+    'resolve_pinv_method', 'round_tf32', 'sima_attention', 'soft_attention', 'truncate_tf32'
 ]

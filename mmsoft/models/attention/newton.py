@@ -22,8 +22,9 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  split operands, x = hi + lo with hi = x rounded to TF32:
                  hi·hi + hi·lo + lo·hi (``_split_bmm``), which keeps float32 accuracy on
                  tensor cores. Emulated off CUDA, like 'tf32'.
-    'auto'       per device type and size, from measurements (``plan.py``), which also
-                 sets the options above where they are not given.
+
+Which method runs where, and with which options, is the device's plan (``plan.py``): the
+functions here take every choice as an argument and read no plan.
 
 The iterations can run on A zero-padded to a multiple of ``pad_to`` landmarks (aligned
 sizes for tensor cores): A's block never mixes with the zero block and α is unchanged,
@@ -46,36 +47,44 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .plan import (EXACT_PINV_METHODS, check_pinv_options, compute_dtype, device_type,
-                   plan_for)
+from .dtypes import compute_dtype, device_type
 
 __all__ = [
-    'PINV_METHODS', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
-    'normalize_inverse', 'regularized_apply', 'resolve_pinv_method', 'round_tf32',
-    'truncate_tf32'
+    'EXACT_PINV_METHODS', 'check_pinv_options', 'newton_alpha', 'newton_pinv',
+    'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse', 'regularized_apply',
+    'round_tf32', 'truncate_tf32'
 ]
 
-# 'auto': the device's plan (``plan.py``); 'regularized' is a fast mode: not the T-step
-# iterate (see ``regularized_apply``).
-PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
+# The ways to compute the same T-step iterate (module docstring).
+EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
+# The options' values when a caller gives none (every plan's too, unless it says
+# otherwise; the measurements behind them are beside the plans in ``plan.py``).
+EIGH_DTYPE = 'float64'
+TF32_FLOAT32_STEPS = (1, 8)
 
 
-def resolve_pinv_method(method, m, device_type='cpu', iters=20):
-    """The concrete method ('iterative', 'spectral', 'tf32', 'tf32x3', 'regularized').
+def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'):
+    """The options of how an iterate is computed besides its method (``newton_pinv``'s
+    arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
+    pad_to}. ``pad_name`` names the padding in the error (the argument or the plan's
+    field)."""
+    if eigh_dtype not in ('float32', 'float64'):
+        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got {eigh_dtype!r}")
+    steps = tf32_float32_steps
+    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
+            or any(not isinstance(n, int) or n < 0 for n in steps)):
+        raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
+                         f'and after the TF32 ones), got {steps!r}')
+    if not isinstance(pad_to, int) or pad_to < 1:
+        raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
+    return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to)
 
-    Args:
-        method (str): one of ``PINV_METHODS``; 'auto' is the device's plan
-            (``plan_for(device_type).pinv``).
-        m (int): landmarks (the size of A).
-        device_type (str): where A lives ('cpu', 'cuda', ...).
-    """
-    if method not in PINV_METHODS:
-        raise ValueError(f'method must be one of {PINV_METHODS}, got {method!r}')
+
+def _check_method(method, iters, allowed=EXACT_PINV_METHODS):
+    if method not in allowed:
+        raise ValueError(f'method must be one of {allowed}, got {method!r}')
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
-    if method != 'auto':
-        return method
-    return plan_for(device_type).pinv_method(m)
 
 
 def newton_alpha(A, max_halvings=10, nonnegative=False):
@@ -418,17 +427,8 @@ class _NewtonPinvApply(torch.autograd.Function):
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None
 
 
-def _options(A, **given):
-    """The options ``given`` (``check_pinv_options``), those left None the plan's for A's
-    device type."""
-    if any(v is None for v in given.values()):
-        planned = plan_for(A.device.type).pinv_options()
-        given = {k: planned[k] if v is None else v for k, v in given.items()}
-    return check_pinv_options(**given, pad_name='pad_to')
-
-
-def newton_pinv(A, iters=20, method='auto', nonnegative=False, *, eigh_dtype=None,
-                tf32_float32_steps=None, pad_to=None):
+def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtype=EIGH_DTYPE,
+                tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -440,33 +440,29 @@ def newton_pinv(A, iters=20, method='auto', nonnegative=False, *, eigh_dtype=Non
         A (Tensor): (..., m, m)
         iters (int): number of Newton–Raphson steps T (20 in SOFT).
         method (str): 'iterative', 'spectral' (A must be symmetric, as the Gaussian kernel
-            of landmarks is), 'tf32', 'tf32x3' or 'auto' (module docstring). All give the
-            same value up to rounding. ('regularized' exists only for ``soft_attention``.)
+            of landmarks is), 'tf32' or 'tf32x3' (module docstring). All give the same
+            value up to rounding. (The device's choice, 'auto', is ``plan.py``'s.)
         nonnegative (bool): A is symmetric with nonnegative entries; α is then found in
             O(m²) (same value, see ``newton_alpha``).
-        eigh_dtype (str, optional): 'float64' or 'float32': 'spectral''s
-            eigendecomposition of a float32 A.
-        tf32_float32_steps (tuple[int, int], optional): 'tf32''s float32 steps before and
-            after its TF32 steps (``_schedule``).
-        pad_to (int, optional): the iterations run on A zero-padded to a multiple of this
-            many landmarks (aligned sizes for tensor cores; same iterate).
-        The options left None are the plan's for A's device type (``plan.py``).
+        eigh_dtype (str): 'float64' or 'float32': 'spectral''s eigendecomposition of a
+            float32 A.
+        tf32_float32_steps (tuple[int, int]): 'tf32''s float32 steps before and after
+            its TF32 steps (``_schedule``).
+        pad_to (int): the iterations run on A zero-padded to a multiple of this many
+            landmarks (aligned sizes for tensor cores; same iterate).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
-    method = resolve_pinv_method(method, A.shape[-1], A.device.type, iters)
-    if method == 'regularized':
-        raise ValueError("method='regularized' never forms the inverse; it is only "
-                         'available in soft_attention')
-    options = _options(A, eigh_dtype=eigh_dtype, tf32_float32_steps=tf32_float32_steps,
-                       pad_to=pad_to)
+    _check_method(method, iters)
+    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to)
     with torch.autocast(device_type=device_type(A), enabled=False):
         return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
                                  options)
 
 
-def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False, *, eigh_dtype=None,
-                      tf32_float32_steps=None, pad_to=None, thin=False):
+def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
+                      eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
+                      thin=False):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -477,20 +473,16 @@ def newton_pinv_apply(A, Z, iters=20, method='auto', nonnegative=False, *, eigh_
     Args:
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
-        method (str): a method of ``PINV_METHODS`` other than 'auto' or 'regularized'.
+        method (str): one of ``EXACT_PINV_METHODS``.
         eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
         thin (bool): 'iterative' without gradients applies its steps to Z
             (``_apply_thin``: half the m×m products; beyond 1e-3 of the float64 iterate on
             kernels near the step size's boundary, so no plan uses it).
-        The options left None are the plan's for A's device type (``plan.py``).
     Returns:
         Tensor: (..., m, n)
     """
-    if method in ('auto', 'regularized'):
-        raise ValueError(f'newton_pinv_apply needs a concrete iterate method, got '
-                         f'{method!r} (see resolve_pinv_method)')
-    options = _options(A, eigh_dtype=eigh_dtype, tf32_float32_steps=tf32_float32_steps,
-                       pad_to=pad_to)
+    _check_method(method, iters)
+    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
     if method == 'iterative' and thin and not grad:
         return _apply_thin(A, Z, iters, nonnegative, options['pad_to'])

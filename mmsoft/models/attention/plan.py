@@ -22,8 +22,12 @@ changes what is computed, only how (up to float rounding):
                        official code's order (P·Â)·(Pᵀ·V): the reference the fast paths
                        are checked and timed against)
 
-``plan_for(device_type)`` is the plan in force. ``attention_plan(...)`` forces choices
-for a block of code, as ``torch.nn.attention.sdpa_kernel`` does for SDPA's backends::
+``plan_for(device_type)`` is the plan in force. A SOFT attention layer reads it once per
+forward (``SoftKernelAttention.forward``) and passes it down: ``soft_attention`` takes it
+as an argument, and ``newton.py``'s functions take each choice as a plain argument.
+
+``attention_plan(...)`` forces choices for a block of code, in the manner of
+``torch.nn.attention.sdpa_kernel`` for SDPA's backends::
 
     with attention_plan(pinv='spectral'):                  # every device type
         ...
@@ -32,8 +36,10 @@ for a block of code, as ``torch.nn.attention.sdpa_kernel`` does for SDPA's backe
     with attention_plan(PLANS['cuda'], device='meta'):     # meta runs what CUDA runs
         ...
 
-The forced plans are thread-local (another thread keeps its own) and safe under
-``torch.compile``: Dynamo guards on the plan it read and recompiles for another one.
+Unlike ``sdpa_kernel``'s backend flags, which are process-wide, a forced plan holds in
+the thread that forces it only: another thread (a data loader, a second model) keeps the
+plans in force there. It is safe under ``torch.compile``: Dynamo guards on the plan a
+layer read and recompiles for another one.
 """
 import threading
 from contextlib import contextmanager
@@ -41,34 +47,19 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Optional, Tuple
 
-import torch
+from .newton import EIGH_DTYPE, EXACT_PINV_METHODS, TF32_FLOAT32_STEPS, check_pinv_options
 
 __all__ = [
-    'AttentionPlan', 'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PLANS', 'attention_plan',
-    'check_pinv_options', 'compute_dtype', 'device_type', 'plan_for'
+    'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
+    'resolve_pinv_method'
 ]
 
-# The ways to compute the same T-step iterate (``newton.py``), which a plan may pick.
-EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
+# What a SOFT layer's ``pinv_method`` may say: 'auto' (the device's plan, by m), one of
+# the exact ways of ``newton.py`` (a plan picks among those), or the fast mode
+# 'regularized' (not the T-step iterate: ``newton.regularized_apply``).
+PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 LAYOUTS = ('images', 'channels')
 ORDERS = ('thin', 'official')
-
-
-def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pinv_pad'):
-    """The options of how an iterate is computed besides its method (a plan's fields,
-    ``newton_pinv``'s arguments), checked: {eigh_dtype, tf32_float32_steps (a tuple),
-    pad_to}. ``pad_name`` names the padding in the error (the plan's field or the
-    function's argument)."""
-    if eigh_dtype not in ('float32', 'float64'):
-        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got {eigh_dtype!r}")
-    steps = tf32_float32_steps
-    if (not isinstance(steps, (tuple, list)) or len(steps) != 2
-            or any(not isinstance(n, int) or n < 0 for n in steps)):
-        raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
-                         f'and after the TF32 ones), got {steps!r}')
-    if not isinstance(pad_to, int) or pad_to < 1:
-        raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
-    return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to)
 
 
 @dataclass(frozen=True)
@@ -89,8 +80,8 @@ class AttentionPlan:
         order (str): 'thin' or 'official'.
     """
     pinv: Tuple[Tuple[Optional[int], str], ...] = ((None, 'iterative'), )
-    eigh_dtype: str = 'float64'
-    tf32_float32_steps: Tuple[int, int] = (1, 8)
+    eigh_dtype: str = EIGH_DTYPE
+    tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
     pinv_pad: int = 1
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
@@ -109,7 +100,8 @@ class AttentionPlan:
                 raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
                                  f'{method!r}')
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
-            self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad)['tf32_float32_steps'])
+            self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad,
+            pad_name='pinv_pad')['tf32_float32_steps'])
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         once = self.kernel_once_up_to
@@ -217,7 +209,13 @@ DEFAULT_PLAN = PLANS['cuda']
 class _Forced(threading.local):
     """The plans forced in this thread: None, or {device type: plan} with the key None
     for device types not named."""
-    plans = None
+
+    def __init__(self):
+        # Set on the instance (each thread runs this once), never left to the class
+        # attribute: Dynamo guards a thread-local's attribute through the instance's
+        # dict, and read from the class it missed the first plan forced after a compile
+        # (tests/models/attention/test_plan.py, one graph per plan).
+        self.plans = None
 
 
 _forced = _Forced()
@@ -259,12 +257,10 @@ def attention_plan(plan=None, *, device=None, **choices):
         _forced.plans = before
 
 
-def device_type(t):
-    """The autocast device type of a tensor (autocast knows cpu, cuda, xpu, mps)."""
-    return t.device.type if t.device.type in ('cuda', 'cpu', 'xpu', 'mps') else 'cpu'
-
-
-def compute_dtype(t):
-    """The dtype the attention's small products run in: float64 for float64, else
-    float32 (also for half-precision and autocast inputs)."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+def resolve_pinv_method(method, m, device_type='cpu'):
+    """The concrete method a layer's ``pinv_method`` means for m landmarks on a device type:
+    'auto' is the plan in force there (``plan_for(device_type).pinv_method(m)``), any
+    other of ``PINV_METHODS`` itself."""
+    if method not in PINV_METHODS:
+        raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got {method!r}')
+    return plan_for(device_type).pinv_method(m) if method == 'auto' else method

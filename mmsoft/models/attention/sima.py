@@ -1,8 +1,8 @@
-"""SimA: softmax-free attention with L1-normalized queries and keys (SPEC 2.1)."""
+"""SimA (the SimA paper's attention): softmax-free, with L1-normalized queries and keys."""
 import torch
 import torch.nn.functional as F
 
-from .plan import compute_dtype, device_type
+from .dtypes import compute_dtype, device_type
 
 __all__ = ['sima_attention']
 

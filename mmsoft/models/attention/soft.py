@@ -1,4 +1,4 @@
-"""SOFT's softmax-free attention P·Â·(Pᵀ·V) (SPEC 1.1, paper Eq. 5, TPAMI Eq. 25).
+"""SOFT's softmax-free attention P·Â·(Pᵀ·V) (paper Eq. 5 and Alg. 2, TPAMI Eq. 25).
 
 P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the network (282 MB
 per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
@@ -16,9 +16,9 @@ products with the features also give the norms' gradients (``_KernelMatmul``).
 """
 import torch
 
-from .newton import (newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply,
-                     resolve_pinv_method)
-from .plan import compute_dtype, device_type, plan_for
+from .dtypes import compute_dtype, device_type
+from .newton import newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply
+from .plan import PINV_METHODS, plan_for
 
 __all__ = [
     'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'official_order_attention',
@@ -166,29 +166,32 @@ class _KernelMatmul(torch.autograd.Function):
                 None, None, None)
 
 
-def kernel_matmul(q, landmarks, w, transpose=False):
+def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
     """κ(q, landmarks)·w, or κ(q, landmarks)ᵀ·w, without keeping κ for backward.
 
     Args:
         q (Tensor): (..., N, d)
         landmarks (Tensor): (..., m, d)
         w (Tensor): (..., m, n), or (..., N, n) if ``transpose``
+        chunk (int, optional): row chunks of κ of about this many elements; None: the
+            plan's ``kernel_chunk`` for q's device type.
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    chunk = plan_for(q.device.type).kernel_chunk
+    if chunk is None:
+        chunk = plan_for(q.device.type).kernel_chunk
     return _KernelMatmul.apply(q, landmarks, w, transpose, chunk,
                                *_features_of(q, landmarks))
 
 
-def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'):
+def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
     """Softmax-free attention P·Â·(Pᵀ·V) with the symmetric Gaussian kernel (K = Q).
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
     A⁺ is applied to them (``newton_pinv_apply``). With gradients, P is computed in
     chunks and never kept (``kernel_matmul``); without, it is computed once, or in
-    chunks twice where the device's plan says so for its size (``plan.py``). The plan's
+    chunks twice where the plan says so for its size (``plan.py``). The plan's
     ``order='official'`` runs ``official_order_attention`` instead.
 
     Args:
@@ -199,15 +202,24 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         normalize (bool): apply D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25); off reproduces the
             un-normalized SOFT of the NeurIPS paper (Table 10 ablation).
         pinv_method (str): how the T-step iterate A⁺ is computed (``PINV_METHODS``;
-            'auto' chooses per device and m), or the fast mode 'regularized'.
+            'auto': the plan's method for m), or the fast mode 'regularized'.
+        plan (AttentionPlan, optional): every per-device choice (``plan.py``); None: the
+            plan in force for q's device type. A SOFT layer reads it once per forward and
+            passes it here.
     Returns:
         Tensor: (..., N, d) in q's dtype (the autocast dtype under autocast).
     """
-    device = device_type(q)
-    plan = plan_for(q.device.type)
+    if pinv_method not in PINV_METHODS:
+        raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got {pinv_method!r}')
+    if iters < 0:
+        raise ValueError(f'iters must be >= 0, got {iters}')
+    if plan is None:
+        plan = plan_for(q.device.type)
     if plan.order == 'official':
         return official_order_attention(q, landmarks, v, iters, normalize)
-    method = resolve_pinv_method(pinv_method, landmarks.shape[-2], q.device.type, iters)
+    device = device_type(q)
+    m = landmarks.shape[-2]
+    method = plan.pinv_method(m) if pinv_method == 'auto' else pinv_method
     # Under autocast the N-sized products run in the autocast dtype, as plain matmuls
     # would; the Function below sees concrete dtypes and runs with autocast off.
     cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None

@@ -1,4 +1,4 @@
-"""SOFT: softmax-free pyramid transformer with attention normalization (SPEC section 1).
+"""SOFT: softmax-free pyramid transformer with attention normalization (TPAMI SOFT paper).
 
 Module and parameter names follow the official release, so official ImageNet checkpoints
 load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head).
@@ -27,8 +27,8 @@ class HeadSharedConv(nn.Conv2d):
     grouped conv over B·d images of h channels ('images'). 'channels' computes the same
     sums as one depthwise conv over V's h·d channels, each head's filter repeated d
     times: V comes from its projection as (B, N, h·d), already a channels-last image, so
-    nothing is copied. The device's plan picks the layout (``local_conv_layout``,
-    ``mmsoft/models/attention/plan.py``).
+    nothing is copied. ``SoftKernelAttention`` passes its plan's ``local_conv_layout``
+    (``mmsoft/models/attention/plan.py``).
     """
 
     def __init__(self, num_heads, head_dims, kernel_size):
@@ -36,11 +36,10 @@ class HeadSharedConv(nn.Conv2d):
                          groups=num_heads, bias=False)
         self.head_dims = head_dims
 
-    def forward(self, v, hw, layout=None):
-        """(B, h, N, d) values on the (H, W) grid -> (B, h, N, d)."""
+    def forward(self, v, hw, layout='images'):
+        """(B, h, N, d) values on the (H, W) grid -> (B, h, N, d), in ``layout``."""
         B, h, N, d = v.shape
         H, W = hw
-        layout = layout or plan_for(v.device.type).local_conv_layout
         if layout == 'images':
             x = v.permute(0, 3, 1, 2).reshape(B * d, h, H, W)
             return super().forward(x).reshape(B, d, h, N).permute(0, 2, 3, 1)
@@ -57,7 +56,8 @@ class HeadSharedConv(nn.Conv2d):
 
 
 class SoftKernelAttention(nn.Module):
-    """Landmarks, Gaussian kernel, Newton inverse and the depthwise conv on V (SPEC 1.1)."""
+    """Landmarks, Gaussian kernel, Newton inverse and the depthwise conv on V (paper Eq. 5,
+    Alg. 2; TPAMI Eq. 25)."""
 
     def __init__(self, head_dims, num_heads, sr_ratio, conv_size, newton_iters=20,
                  normalize=True, pinv_method='auto', landmark_grid=None):
@@ -87,11 +87,14 @@ class SoftKernelAttention(nn.Module):
         return self.Qnorm_act(x)
 
     def forward(self, q, v, hw):
+        # The one read of the device's plan on this layer's way; its choices go down as
+        # arguments (under torch.compile, one graph per plan).
+        plan = plan_for(q.device.type)
         q = q / q.shape[-1]**0.25
         lm = self.landmarks(q, hw)
         out = soft_attention(q, lm, v, iters=self.newton_iters, normalize=self.normalize,
-                             pinv_method=self.pinv_method)
-        return out + self.conv(v, hw)
+                             pinv_method=self.pinv_method, plan=plan)
+        return out + self.conv(v, hw, plan.local_conv_layout)
 
 
 class SoftMultiHeadAttention(nn.Module):
@@ -116,7 +119,8 @@ class SoftMultiHeadAttention(nn.Module):
 
 
 class SoftLayer(nn.Module):
-    """Post-norm SOFT layer (SPEC 1.2): LN(x + attn), LN(y + FF(GELU_tanh(FF(y))))."""
+    """Post-norm SOFT layer, as the released models run it: LN(x + attn),
+    LN(y + FF(GELU_tanh(FF(y))))."""
 
     def __init__(self, embed_dims, num_heads, sr_ratio, conv_size, drop_path=0.,
                  **attn_kwargs):
@@ -166,7 +170,8 @@ class SoftmaxAttention(nn.Module):
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm stage-4 block (SPEC 1.2), LayerNorm eps 1e-6, MLP ratio 4."""
+    """Pre-norm stage-4 block with softmax attention, as the released models run it (PVT
+    style), LayerNorm eps 1e-6, MLP ratio 4."""
 
     def __init__(self, embed_dims, num_heads, drop_path=0.):
         super().__init__()
@@ -257,8 +262,11 @@ class SOFT(Backbone):
         norm_eval (bool): keep the BatchNorm layers in eval mode while training (running
             statistics used and frozen), e.g. for small per-GPU batches or multi-process
             CPU training, where SyncBN is not available.
-        frozen_stages (int): freeze (no grad, eval mode) the first ``frozen_stages``
-            stages: patch embedding, position embedding and blocks; -1 freezes nothing.
+        frozen_stages (int): as in MMDetection's ResNet and Swin: 0 freezes (no grad,
+            eval mode) the stem, stage 1's convolutional patch embedding and its position
+            embedding; k >= 1 freezes the first k stages whole (patch embedding, position
+            embedding and blocks; stage 4 also its final norm and class token); -1
+            (default) freezes nothing.
         with_cp (bool): activation checkpointing of every block.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads an
             official SOFT checkpoint or an mmengine checkpoint.
@@ -276,7 +284,7 @@ class SOFT(Backbone):
             embed_dims=[64, 128, 352, 512], num_heads=[2, 4, 11, 16], depths=[1, 5, 49, 5])),
     }
     essential_keys = {'embed_dims', 'num_heads', 'depths'}
-    # Position-embedding grids of ImageNet training (224² input), SPEC 1.3.
+    # Position-embedding grids of ImageNet training (224² input), the released weights' shapes.
     pos_grids = (56, 28, 14, 7)
     dwconv_sizes = (9, 5, 3)  # depthwise conv on V, stages 1-3
     # The smallest input side for which stage 1 still holds one 8×8 landmark window
@@ -300,7 +308,7 @@ class SOFT(Backbone):
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        super().__init__(frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg)
         arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'SOFT',
                           optional_keys={'sr_ratios'})
         self.embed_dims = list(arch['embed_dims'])
@@ -318,18 +326,9 @@ class SOFT(Backbone):
         if self.sr_ratios[3] != 1:
             raise ValueError(f'stage 4 uses full softmax attention: sr_ratios[3] must be '
                              f'1, got {self.sr_ratios[3]}')
-
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        out_indices = sorted(int(i) for i in out_indices)
-        if not out_indices or any(i < 0 or i > 3 for i in out_indices):
-            raise ValueError(f'out_indices must be a non-empty subset of (0, 1, 2, 3), got '
-                             f'{out_indices}')
-        self.out_indices = tuple(out_indices)
-        self.num_stages = out_indices[-1] + 1
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}] (the number '
-                             f'of built stages), got {frozen_stages}')
+        self.out_indices = self._parse_out_indices(out_indices, 4, 'stage')
+        self.num_stages = self.out_indices[-1] + 1
+        self._check_frozen_stages(self.num_stages, 'stages')
         if pinv_method not in PINV_METHODS:
             raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got '
                              f'{pinv_method!r}')
@@ -389,12 +388,17 @@ class SOFT(Backbone):
         return checkpoint_filter_fn(state_dict, self)
 
     def _frozen_parts(self):
-        """Stage s: its patch embedding, position embedding and blocks (stage 4: also the
-        final norm and the class token)."""
-        modules, params = [], []
-        for s in range(max(self.frozen_stages, 0)):
-            modules += [getattr(self, f'patch_embed{s + 1}'), getattr(self, f'block{s + 1}')]
-            params.append(getattr(self, f'pos_embed{s + 1}'))
+        """0: the stem (stage 1's patch and position embeddings); k: stages 1..k, each its
+        patch embedding, position embedding and blocks (stage 4: also the final norm and
+        the class token)."""
+        if self.frozen_stages < 0:
+            return [], []
+        modules, params = [self.patch_embed1], [self.pos_embed1]
+        for s in range(self.frozen_stages):
+            if s > 0:
+                modules.append(getattr(self, f'patch_embed{s + 1}'))
+                params.append(getattr(self, f'pos_embed{s + 1}'))
+            modules.append(getattr(self, f'block{s + 1}'))
             if s == 3:
                 modules.append(self.norm)
                 if self.with_cls_token:

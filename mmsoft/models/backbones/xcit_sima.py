@@ -1,6 +1,6 @@
-"""XCiT-SimA: XCiT with its cross-covariance attention replaced by SimA (SPEC section 2),
+"""XCiT-SimA: XCiT with its cross-covariance attention replaced by SimA (SimA paper),
 tapped at four depths and turned into a stride 4/8/16/32 pyramid as XCiT's detection and
-segmentation backbones do (SPEC 2.3).
+segmentation backbones do.
 
 Module and parameter names follow the official XCiT / SimA code, so their ImageNet files
 load without renaming (``checkpoint_filter_fn`` drops the classification-only parts).
@@ -16,7 +16,7 @@ from mmengine.logging import print_log
 
 from ...registry import register_model
 from ..attention import sima_attention
-from ..attention.plan import device_type
+from ..attention.dtypes import device_type
 from ..utils import Backbone, DropPath, Mlp, build_norm, parse_arch
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
@@ -24,7 +24,7 @@ __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
 def fourier_position_encoding(height, width, hidden_dim=32, temperature=10000.,
                               device=None, dtype=torch.float32):
-    """Sine/cosine encoding of 1-based row/column indices (SPEC 2.2), for any grid.
+    """XCiT's sine/cosine encoding of 1-based row/column indices, for any grid.
 
     Returns:
         Tensor: (1, 2·hidden_dim, height, width), channels = concat(pos_y, pos_x), each
@@ -99,7 +99,7 @@ class SimAAttention(nn.Module):
         q, k, v = self.qkv(x).reshape(B, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
         out = sima_attention(q, k, v).transpose(1, 2).reshape(B, N, C)
         # The output is ~d/N small: project it in float32 so half precision cannot
-        # flush it to zero (SPEC 2.1).
+        # flush it to zero.
         with torch.autocast(device_type=device_type(out), enabled=False):
             return F.linear(out, self.proj.weight.to(out.dtype), self.proj.bias.to(out.dtype))
 
@@ -122,7 +122,7 @@ class LPI(nn.Module):
 
 
 class SimABlock(nn.Module):
-    """XCiT block with SimA attention (SPEC 2.2); layer scale γ = η·1."""
+    """XCiT block (XCiT paper, Sec. 3) with SimA attention; layer scale γ = η·1."""
 
     def __init__(self, embed_dims, num_heads, eta, drop_path, norm_cfg):
         super().__init__()
@@ -148,23 +148,25 @@ class XCiTSimA(Backbone):
     """XCiT-SimA backbone for dense prediction: four NCHW maps at strides 4, 8, 16, 32.
 
     Args:
-        arch (str | dict): 't12', 's12', 't24', 's24', 'm24', 'l24' (SPEC 2.2) or a dict with
-            ``embed_dims``, ``depth``, ``num_heads``, ``eta``.
+        arch (str | dict): 't12', 's12', 't24', 's24', 'm24', 'l24' (XCiT paper Table 1)
+            or a dict with ``embed_dims``, ``depth``, ``num_heads``, ``eta``.
         patch_size (int): 16 or 8.
         in_channels (int): input image channels.
         out_indices (Sequence[int]): the four (0-based) blocks tapped for strides 4, 8, 16
             and 32; default 3, 5, 7, 11 for depth 12 and 7, 11, 15, 23 for depth 24. Blocks
             after the last tap are not built.
-        with_pyramid (bool): turn the four taps into strides 4/8/16/32 (SPEC 2.3); False
-            returns them as they are, all at stride ``patch_size`` (for classification).
+        with_pyramid (bool): turn the four taps into strides 4/8/16/32 (XCiT's dense
+            backbones); False returns them as they are, all at stride ``patch_size``
+            (for classification).
         drop_path_rate (float): stochastic depth, the same rate in every block (as XCiT).
         norm_cfg (dict): BatchNorm of the patch embedding, the LPI and the stride-4 branch
             (``SyncBN`` in multi-GPU configs; ``BN`` on CPU).
         norm_eval (bool): keep the BatchNorm layers in eval mode while training (running
             statistics used and frozen), e.g. for small per-GPU batches or multi-process
             CPU training, where SyncBN is not available.
-        frozen_stages (int): freeze the patch embedding and the first ``frozen_stages``
-            blocks (``0``: the patch embedding only); -1 freezes nothing.
+        frozen_stages (int): as MMPretrain's ViT and XCiT count it, in blocks: 0 freezes
+            the patch embedding and position encoding, k >= 1 also the first k blocks;
+            -1 (default) freezes nothing.
         with_cp (bool): activation checkpointing of every block.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads official
             SimA or XCiT ImageNet files, or mmengine checkpoints.
@@ -192,7 +194,7 @@ class XCiTSimA(Backbone):
                  frozen_stages=-1,
                  with_cp=False,
                  init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        super().__init__(frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg)
         arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'XCiTSimA')
         self.embed_dims = C = int(arch['embed_dims'])
         self.depth = int(arch['depth'])
@@ -211,14 +213,8 @@ class XCiTSimA(Backbone):
                 raise ValueError(f'out_indices must be given for depth {self.depth} (defaults '
                                  f'exist for depths {sorted(self.default_taps)})')
             out_indices = self.default_taps[self.depth]
-        out_indices = tuple(int(i) for i in out_indices)
-        if (len(out_indices) != 4 or list(out_indices) != sorted(set(out_indices))
-                or out_indices[0] < 0 or out_indices[-1] >= self.depth):
-            raise ValueError(f'out_indices must be 4 increasing block indices in [0, '
-                             f'{self.depth - 1}], got {out_indices}')
-        if not -1 <= frozen_stages <= out_indices[-1] + 1:
-            raise ValueError(f'frozen_stages must be in [-1, {out_indices[-1] + 1}] (the '
-                             f'number of built blocks), got {frozen_stages}')
+        out_indices = self._parse_out_indices(out_indices, self.depth, 'block', count=4)
+        self._check_frozen_stages(out_indices[-1] + 1, 'blocks')
         self.patch_size = patch_size
         # The stride-32 level max-pools the patch grid by 32 / patch_size: the grid
         # (⌈H / p⌉ per side) must hold at least one such window.
@@ -236,7 +232,8 @@ class XCiTSimA(Backbone):
             self._build_pyramid(C, patch_size, norm_cfg)
 
     def _build_pyramid(self, C, patch_size, norm_cfg):
-        """Taps (stride ``patch_size``) -> strides 4, 8, 16, 32 (SPEC 2.3)."""
+        """Taps (stride ``patch_size``) -> strides 4, 8, 16, 32, as XCiT's detection and
+        segmentation backbones do."""
 
         def up():
             return nn.ConvTranspose2d(C, C, 2, 2)

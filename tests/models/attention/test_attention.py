@@ -359,27 +359,21 @@ def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch, force_plan)
 
 
 @pytest.mark.parametrize('once_up_to', [None, 2 * 3 * 50 * 12 - 1])
-def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, monkeypatch, force_plan):
+def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, force_plan):
     """Without gradients P is made whole up to the device's ``once_up_to`` elements and
     in row chunks above it (computed twice, never whole); the output is the same."""
     q = torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5
     lm = torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5
     v = torch.randn(2, 3, 50, 8, dtype=torch.float64)
     ref = soft_attention(q, lm, v)
-    rows = []
-
-    kernel = attention.soft._kernel  # P (or a chunk of it) from the kernel features
-
-    def recording_kernel(fa, fb):
-        rows.append(fa.shape[-2])
-        return kernel(fa, fb)
-
-    monkeypatch.setattr(attention.soft, '_kernel', recording_kernel)
+    from mmsoft.testing import LaunchCounter
     force_plan(kernel_chunk=2 * 3 * 12 * 20, kernel_once_up_to=once_up_to, device='cpu')
-    with torch.no_grad():
+    # every P (or chunk of it) and the m×m kernel end in one in-place exp
+    with torch.no_grad(), LaunchCounter(shapes_of=['exp_']) as ops:
         out = soft_attention(q, lm, v)
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-13)
-    P_rows = [r for r in rows if r != 12]  # the m×m landmark kernel aside
+    P_rows = [shape[-2] for shape in ops.shapes['exp_'] if shape[-1:] == (12, )
+              and shape[-2] != 12]  # the m×m landmark kernel aside
     if once_up_to is None:
         assert P_rows == [50]
     else:  # two passes over chunks of 20, 20 and 10 rows
@@ -519,7 +513,7 @@ def test_thin_inference_is_the_iterate(monkeypatch):
 
 
 def test_newton_of_the_identity_is_zero():
-    """The official α sits on the convergence boundary for A = I (SPEC 1.1 step 5):
+    """The official α sits on the convergence boundary for A = I (paper Alg. 2):
     α = 2 / 1², ||I - α·I||₁ = 1 passes the 1.01 test, so αλ² = 2 and every iterate
     v_{k+1} = 2v - v² starting from 2 is 0. Pinned, not fixed: parity needs it."""
     eye = torch.eye(3, dtype=torch.float64)

@@ -114,21 +114,21 @@ def test_official_order_is_a_forced_choice(monkeypatch):
     assert torch.allclose(ours, ref, rtol=1e-9, atol=1e-10)
 
 
-def test_backward_chunks_as_its_forward_did(monkeypatch):
+def test_backward_chunks_as_its_forward_did():
     """The chunk of P is fixed when the forward runs: a backward outside the block (or on
     autograd's device thread, which has its own plan) recomputes P in the same chunks."""
+    from mmsoft.testing import LaunchCounter
     q = (torch.randn(1, 2, 30, 4, dtype=torch.float64) * 0.5).requires_grad_()
     lm = (torch.randn(1, 2, 6, 4, dtype=torch.float64) * 0.5).requires_grad_()
     v = torch.randn(1, 2, 30, 4, dtype=torch.float64, requires_grad=True)
-    rows = []
-    kernel = attention.soft._kernel
-    monkeypatch.setattr(attention.soft, '_kernel',
-                        lambda fa, fb: rows.append(fa.shape[-2]) or kernel(fa, fb))
-    with attention_plan(kernel_chunk=2 * 6 * 10, device='cpu'):  # 10 rows a chunk
-        out = soft_attention(q, lm, v, pinv_method='iterative')
-    forward = list(rows)
-    out.sum().backward()
-    assert set(forward[:3]) == {10} and set(rows[len(forward):]) == {10}
+    with LaunchCounter(shapes_of=['exp_']) as ops:  # P, its chunks and A end in exp_
+        with attention_plan(kernel_chunk=2 * 6 * 10, device='cpu'):  # 10 rows a chunk
+            out = soft_attention(q, lm, v, pinv_method='iterative')
+        forward = [shape[-2] for shape in ops.shapes['exp_']]
+        out.sum().backward()
+    backward = [shape[-2] for shape in ops.shapes['exp_'][len(forward):]]
+    assert forward == [10, 10, 10, 6, 10, 10, 10]  # Pᵀ·V, A, P·W
+    assert backward and set(backward) == {10}
 
 
 def test_a_plan_is_data():
@@ -140,18 +140,16 @@ def test_a_plan_is_data():
 
 def test_the_iterates_options_come_from_the_plan(monkeypatch):
     """soft_attention passes the plan's options of the iterate (its eigendecomposition's
-    dtype, 'tf32''s float32 steps, the padding) down to newton_pinv_apply, and
-    newton_pinv_apply falls back on the plan in force for the options not given."""
-    import torch
-
-    from mmsoft.models.attention import newton, soft_attention
+    dtype, 'tf32''s float32 steps, the padding) down to newton_pinv_apply, whose own
+    defaults read no plan."""
+    from mmsoft.models.attention import newton, newton_pinv_apply
     from mmsoft.models.attention import soft as soft_mod
+    from mmsoft.testing import hard_problem
     seen = []
-    apply = newton.newton_pinv_apply
 
     def recording(A, Z, iters, method, **kwargs):
         seen.append(kwargs)
-        return apply(A, Z, iters, method, **kwargs)
+        return newton_pinv_apply(A, Z, iters, method, **kwargs)
 
     monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
@@ -159,12 +157,37 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
                         eigh_dtype='float32'):
         soft_attention(q, lm, v)
-        assert seen[-1] == dict(nonnegative=True, eigh_dtype='float32',
-                                tf32_float32_steps=(2, 3), pad_to=8)
-        schedules = []
-        monkeypatch.setattr(newton, '_schedule', lambda method, iters, steps: (
-            schedules.append(steps) or [(iters, 'float32')]))
-        A = torch.eye(4)
-        newton.newton_pinv_apply(A, A, method='tf32')  # options from the plan in force
-        newton.newton_pinv_apply(A, A, method='tf32', tf32_float32_steps=(0, 4))
-    assert schedules == [(2, 3), (0, 4)]
+    assert seen == [dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3),
+                         pad_to=8)]
+    # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
+    # steps around the TF32 ones (the same operations, so the same bits) as outside it.
+    A, Z = hard_problem('near_identity', 64, 0)[:2]
+    plain = newton_pinv_apply(A, Z, method='tf32')
+    with attention_plan(tf32_float32_steps=(0, 0)):
+        forced = newton_pinv_apply(A, Z, method='tf32')
+    assert torch.equal(forced, plain)
+    assert not torch.equal(plain, newton_pinv_apply(A, Z, method='tf32',
+                                                    tf32_float32_steps=(0, 0)))
+    assert newton.TF32_FLOAT32_STEPS == AttentionPlan().tf32_float32_steps
+
+
+def test_a_compiled_layer_traces_one_graph_per_plan():
+    """A SOFT layer reads the plan in its forward: under torch.compile each plan in force
+    gets its own graph (Dynamo guards on it), and a plan seen before reuses its graph."""
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    layer = SoftKernelAttention(8, 2, 2, 3)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    q, v = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
+    torch.compiler.reset()
+    with torch.no_grad():
+        compiled(q, v, (8, 8))
+        with attention_plan(local_conv_layout='images', device='cpu'):
+            compiled(q, v, (8, 8))
+        compiled(q, v, (8, 8))
+    assert len(graphs) == 2 and graphs[0] != graphs[1]

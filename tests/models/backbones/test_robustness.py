@@ -67,7 +67,7 @@ def test_flat_image_is_finite(backbones, name):
 @pytest.mark.parametrize('pinv_method', ['iterative', 'spectral', 'tf32', 'tf32x3'])
 def test_equal_landmarks_singular_kernel(monkeypatch, pinv_method):
     """All m landmarks of a head equal: A = κ(Q̃, Q̃) is the all-ones matrix, rank 1.
-    The Newton iterate converges to its Moore–Penrose inverse 11ᵀ/m² (SPEC 1.1: the zero
+    The Newton iterate converges to its Moore–Penrose inverse 11ᵀ/m² (paper Alg. 2: the zero
     eigenvalues map to 0), so with D = m·I every row of P equal to p_i·1ᵀ gives
     P·Â·Pᵀ·V = p·(pᵀ·V)/m: the attention of one landmark, divided by m."""
     from mmsoft.models.attention import gaussian_kernel
@@ -160,3 +160,30 @@ def test_norm_eval_freezes_batch_norm_statistics(name):
         same = all(torch.equal(b, m.running_mean) for b, m in zip(before, bns))
         assert same == norm_eval
         assert model.training
+
+
+@pytest.mark.parametrize('cls, arch', [(SOFT, 'tiny'), (XCiTSimA, 't12')],
+                         ids=['SOFT', 'XCiTSimA'])
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(drop_path_rate=1.0), 'drop_path_rate'),
+    (dict(drop_path_rate=-0.1), 'drop_path_rate'),
+    (dict(frozen_stages=-2), 'frozen_stages'),
+    (dict(frozen_stages=1.5), 'frozen_stages'),
+    (dict(norm_eval='yes'), 'norm_eval'),
+    (dict(with_cp=1), 'with_cp'),
+    (dict(out_indices=()), 'out_indices'),
+], ids=lambda v: str(v) if isinstance(v, dict) else '')
+def test_shared_arguments_are_checked_alike(cls, arch, kwargs, match):
+    """The arguments every family has are checked by the base class, with the family's
+    name in the message."""
+    with pytest.raises(ValueError, match=f'{cls.__name__}: {match}'):
+        cls(arch=arch, **kwargs)
+
+
+def test_out_indices_are_distinct_and_in_range():
+    with pytest.raises(ValueError, match=r'one or more distinct stage indices in \[0, 3\]'):
+        SOFT(arch='tiny', out_indices=(1, 1))
+    assert SOFT(arch='tiny', out_indices=(2, 0)).out_indices == (0, 2)
+    assert SOFT(arch='tiny', out_indices=1).out_indices == (1, )
+    with pytest.raises(ValueError, match=r'4 distinct block indices in \[0, 11\]'):
+        XCiTSimA(arch='t12', out_indices=(3, 5, 7))

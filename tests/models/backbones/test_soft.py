@@ -66,7 +66,7 @@ def test_parity_in_the_official_order(expected, force_plan):
 
 def test_local_conv_layouts_compute_the_official_conv():
     """Both layouts of the depthwise conv on V give the values and gradients of a conv of
-    every (head, channel) map with its head's filter; the device's plan picks the layout."""
+    every (head, channel) map with its head's filter; a layer's plan picks the layout."""
     torch.manual_seed(0)
     B, h, d, (H, W), k = 2, 3, 4, (7, 9), 5
     conv = HeadSharedConv(h, d, k).double()
@@ -93,12 +93,16 @@ def test_local_conv_layouts_compute_the_official_conv():
         conv.zero_grad()
     with pytest.raises(ValueError, match='layout'):
         conv(v0, (H, W), 'bogus')
-    calls = []  # the grouped conv of the 'images' layout runs through _conv_forward
-    conv._conv_forward = lambda *a, _f=conv._conv_forward: calls.append(1) or _f(*a)
-    for layout in ('images', 'channels', 'images'):
-        with attention_plan(local_conv_layout=layout, device='cpu'):
-            conv(v0, (H, W))  # no layout given: the plan's
-    assert len(calls) == 2
+    # A SOFT layer runs the layout of its device's plan: 'images' convolves B·d images of
+    # h channels, 'channels' B images of h·d channels.
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    from mmsoft.testing import LaunchCounter
+    layer = SoftKernelAttention(d, h, 1, k).double()
+    for layout, images in (('images', (B * d, h)), ('channels', (B, h * d))):
+        with attention_plan(local_conv_layout=layout, device='cpu'), \
+                LaunchCounter(shapes_of=['convolution']) as ops, torch.no_grad():
+            layer(v0, v0, (H, W))
+        assert [shape[:2] for shape in ops.shapes['convolution']][-1] == images, layout
 
 
 # Per layer, A⁺·Z of the fixture input vs the float64 iterate (same A and Z), max over the
@@ -159,7 +163,7 @@ def test_loads_mmengine_and_plain_formats(tmp_path, expected):
 
 def test_prefers_ema_weights(tmp_path):
     """timm checkpoints hold the training weights and their EMA; evaluation uses the EMA
-    (SPEC 1.5). The fixture's two copies are equal, so perturb the EMA copy."""
+    (as the official repository's evaluation does). The fixture's two copies are equal, so perturb the EMA copy."""
     ck = checkpoint.load(CKPT)  # a timm checkpoint: needs the allow-listed Namespace
     ck['state_dict_ema'] = {k: v + 0.01 if v.is_floating_point() else v
                             for k, v in ck['state_dict'].items()}
@@ -327,14 +331,31 @@ def test_out_indices_and_cls_token():
         assert torch.allclose(a(x)[2], b(x)[2])
 
 
-def test_frozen_stages_and_train_returns_self():
-    model = SOFT(arch='tiny', frozen_stages=2)
-    assert model.train() is model and model.eval() is model
+def _frozen(model):
+    """The parameter names ``model.train()`` leaves without gradients, and whether every
+    BatchNorm among their modules is in eval mode."""
     model.train()
-    assert not model.patch_embed1.proj[1].training
-    assert not model.block2[0].att.norm1.weight.requires_grad
-    assert not model.pos_embed2.requires_grad
-    assert model.pos_embed3.requires_grad and model.patch_embed3.proj[1].training
+    names = {n for n, p in model.named_parameters() if not p.requires_grad}
+    bns = [m for n, m in model.named_modules()
+           if isinstance(m, torch.nn.BatchNorm2d) and f'{n}.weight' in names]
+    return names, all(not m.training for m in bns)
+
+
+def test_frozen_stages_count_as_in_mmdet():
+    """As MMDetection's ResNet and Swin count them: -1 nothing, 0 the stem (stage 1's
+    patch and position embeddings), k the stem and the first k stages."""
+    assert _frozen(SOFT(arch='tiny'))[0] == set()
+    prefixes = {0: ('patch_embed1.', 'pos_embed1'),
+                2: ('patch_embed1.', 'pos_embed1', 'block1.', 'patch_embed2.', 'pos_embed2',
+                    'block2.'),
+                4: ('',)}  # every parameter
+    everything = {n for n, _ in SOFT(arch='tiny').named_parameters()}
+    for k, starts in prefixes.items():
+        model = SOFT(arch='tiny', frozen_stages=k)
+        assert model.train() is model and model.eval() is model
+        names, bn_eval = _frozen(model)
+        assert names == {n for n in everything if n.startswith(starts)}, k
+        assert bn_eval and model.patch_embed3.proj[1].training == (k < 3)
 
 
 def test_with_cp_gives_same_gradients():

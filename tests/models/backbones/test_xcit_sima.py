@@ -209,6 +209,11 @@ def test_default_taps_and_frozen_stages():
     assert not model.blocks[1].gamma1.requires_grad
     assert model.blocks[2].gamma1.requires_grad
     assert model.blocks[0].gamma1[0].item() == pytest.approx(1e-5)
+    # 0: the patch embedding and the position encoding only (ViT's count, in blocks)
+    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), frozen_stages=0).train()
+    frozen = {n.split('.')[0] for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {'patch_embed', 'pos_embeder'}
+    assert not model.patch_embed.proj[0][1].training and model.blocks[0].training
 
 
 def test_invalid_configs():
