@@ -3,10 +3,10 @@ relative links and their #anchors, the commands of their code blocks (the tool e
 its own argparse parser accepts the options), the config paths they name, and no words
 that only make sense to the developers (issue numbers, commit hashes, "this machine").
 
-No tool does any work: each is executed as ``python tools/...`` runs it, in this process,
-and its own ``parse_args`` stops it right after parsing (``_Parsed``)."""
+No tool does any work: each is loaded from its file (its imports run, its work sits behind
+``if __name__ == '__main__'``) and the parser its ``build_parser()`` returns parses the
+documented arguments."""
 import argparse
-import builtins
 import contextlib
 import glob
 import html
@@ -14,13 +14,11 @@ import io
 import os.path as osp
 import re
 import shlex
-import sys
 import unicodedata
-from unittest import mock
 from urllib.parse import unquote
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_tool
 
 
 def _rel(path):
@@ -263,83 +261,94 @@ def shell_commands(blocks):
             start = None
 
 
-class _Parsed(BaseException):
-    """Raised by the patched parse_args once the tool's parser has accepted its argv
-    (a BaseException, so that a tool's ``except Exception`` cannot swallow it)."""
+_TOOLS = {}
 
 
-_CODE = {}
+def tool_module(tool):
+    """The Python tool (path relative to the repository, or absolute) as a module, loaded
+    from its file once; loading runs its imports only (its work sits behind
+    ``if __name__ == '__main__'``)."""
+    path = osp.join(ROOT, tool)
+    if path not in _TOOLS:
+        _TOOLS[path] = load_tool(path)
+    return _TOOLS[path]
 
 
-def _tool_code(path):
-    """The tool's compiled source, read once per file."""
-    if path not in _CODE:
-        with open(path, encoding='utf-8') as f:
-            _CODE[path] = compile(f.read(), path, 'exec')
-    return _CODE[path]
+def parse_error(parser, argv):
+    """argparse's message if ``parser`` rejects ``argv``, else None (--help is accepted);
+    what the parser prints is kept off the console."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code in (0, None):
+            return None
+        lines = err.getvalue().strip().splitlines() or [str(e.code)]
+        return re.sub(r'^.*?: error: ', '', lines[-1])
+    return None
 
 
-@contextlib.contextmanager
-def _parse_only():
-    """ArgumentParser.parse_args / parse_known_args parse, then raise _Parsed; values the
-    docs write as placeholders (CKPT, N, ...) pass type conversion and choices."""
-    depth = [0]
-    parser = argparse.ArgumentParser
+# What a placeholder the parser rejects as a value is replaced with, in turn: numbers for
+# type=int/float, 'F,L' pairs, 'HxW' sizes.
+SAMPLE_VALUES = ('1', '1,1', '1x1')
 
-    def stopping(method):
-        def parse(self, *args, **kwargs):
-            depth[0] += 1
-            try:
-                result = method(self, *args, **kwargs)
-            finally:
-                depth[0] -= 1
-            if depth[0] == 0:  # the tool's own call (parse_args calls parse_known_args)
-                raise _Parsed
-            return result
-        return parse
 
-    get_value, check_value = parser._get_value, parser._check_value
-    with mock.patch.object(parser, 'parse_args', stopping(parser.parse_args)), \
-         mock.patch.object(parser, 'parse_known_args', stopping(parser.parse_known_args)), \
-         mock.patch.object(parser, '_get_value', lambda self, action, s: s if isinstance(
-             s, str) and is_placeholder(s) else get_value(self, action, s)), \
-         mock.patch.object(parser, '_check_value', lambda self, action, v: None if isinstance(
-             v, str) and is_placeholder(v) else check_value(self, action, v)):
-        yield
+def sample_values(message):
+    """The values to try in place of a placeholder that argparse rejected with ``message``:
+    the choices the message lists, else SAMPLE_VALUES."""
+    m = re.search(r'invalid choice: .*\(choose from (.*)\)$', message)
+    if m:
+        return [c.strip().strip('\'"') for c in m.group(1).split(', ')]
+    return SAMPLE_VALUES
+
+
+def replace_placeholder(parser, argv, error, skip):
+    """(index, argv, error) after replacing one placeholder of ``argv`` that ``error`` (the
+    parser's message on ``argv``) quotes with a sample value the parser takes there; None
+    if there is none (indices in ``skip`` were replaced already)."""
+    for i, token in enumerate(argv):
+        if i in skip or not is_placeholder(token) or repr(token) not in error:
+            continue
+        for sample in sample_values(error):
+            trial = argv[:i] + [sample] + argv[i + 1:]
+            new = parse_error(parser, trial)
+            if new != error.replace(repr(token), repr(sample)):  # not the same rejection
+                return i, trial, new
+    return None
+
+
+def documented_argv_error(parser, argv):
+    """None if ``parser`` accepts ``argv`` as the docs write it, else argparse's message.
+    A placeholder (N, CKPT, F,L, ...) that the parser rejects as a value (its message
+    quotes it: a type or a choice) stands for a valid value: it is replaced by the first
+    sample value the parser takes there, and the rest of ``argv`` is parsed on."""
+    argv, replaced = list(argv), set()
+    error = parse_error(parser, argv)
+    while error is not None:
+        found = replace_placeholder(parser, argv, error, replaced)
+        if found is None:
+            return error
+        i, argv, error = found
+        replaced.add(i)
+    return None
 
 
 def argv_problem(tool, argv):
     """None if the Python tool (path relative to the repository) accepts ``argv`` on its
-    command line, else why not. The file is executed as ``python tool ARGV`` runs it, and
-    stopped as soon as its argparse parser has parsed ARGV."""
-    path = osp.join(ROOT, tool)
+    command line, else why not: the tool is loaded from its file and the parser of its
+    ``build_parser()`` parses ARGV (nothing else of the tool runs)."""
     try:
-        code = _tool_code(path)
-    except (OSError, SyntaxError) as e:
-        return f'{tool} cannot be read: {e}'
-    out, err = io.StringIO(), io.StringIO()
-    old_argv, old_path = sys.argv, list(sys.path)
-    sys.argv = [path] + list(argv)
-    sys.path.insert(0, osp.dirname(path))  # as `python tools/x.py` sets it
-    try:
-        with _parse_only(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            exec(code, {'__name__': '__main__', '__file__': path,
-                        '__builtins__': builtins})
-    except _Parsed:
-        return None
-    except SystemExit as e:
-        if e.code in (0, None):  # --help
-            return None
-        lines = err.getvalue().strip().splitlines() or [str(e)]
-        return f'{tool} rejects its arguments: {lines[-1]}'
-    except argparse.ArgumentError as e:
-        return f'{tool} rejects its arguments: {e}'
-    except Exception as e:  # noqa: BLE001 (any failure before parsing is the finding)
-        return (f'{tool} failed before parsing its arguments (it must be importable '
-                f'without doing any work): {type(e).__name__}: {e}')
-    finally:
-        sys.argv, sys.path[:] = old_argv, old_path
-    return f'{tool} ran to the end without parsing its arguments with argparse'
+        module = tool_module(tool)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (any failure to load is the finding)
+        return (f'{tool} cannot be loaded (it must be importable without doing any work): '
+                f'{type(e).__name__}: {e}')
+    build_parser = getattr(module, 'build_parser', None)
+    parser = build_parser() if callable(build_parser) else None
+    if not isinstance(parser, argparse.ArgumentParser):
+        return f'{tool} has no build_parser() returning its argparse.ArgumentParser'
+    error = documented_argv_error(parser, argv)
+    return f'{tool} rejects its arguments: {error}' if error else None
 
 
 _LAUNCHERS = {}
@@ -565,8 +574,8 @@ def test_launchers_are_understood():
 
 
 def test_every_tool_is_reached_through_its_parser():
-    """Each Python tool under tools/ loads without doing work and rejects an unknown
-    option through its own argparse parser, so the command check reaches all of them."""
+    """Each Python tool under tools/ loads without doing work, has a ``build_parser()``,
+    and its parser rejects an unknown option, so the command check reaches all of them."""
     tools = sorted(glob.glob('tools/**/*.py', root_dir=ROOT, recursive=True))
     assert len(tools) >= 5
     problems = {tool: argv_problem(tool, ['--no-such-option-for-the-docs-test'])
@@ -576,22 +585,43 @@ def test_every_tool_is_reached_through_its_parser():
     assert not wrong, wrong
 
 
-def test_tools_parsing_at_import_or_not_at_all(tmp_path):
-    """The check does not depend on how a tool calls argparse, and says when it cannot
-    load a tool or when the tool does not parse its arguments."""
+def test_tools_are_checked_through_build_parser(tmp_path):
+    """The check parses with the parser of a tool's ``build_parser()``, takes placeholders
+    where the parser converts or restricts a value and parses on, and says when it cannot
+    load a tool or the tool has no ``build_parser()``."""
+    tool = tmp_path / 'tool.py'
+    tool.write_text(
+        'import argparse\n\n\n'
+        'def build_parser():\n'
+        '    p = argparse.ArgumentParser()\n'
+        '    p.add_argument("--n", nargs="+", type=int)\n'
+        '    p.add_argument("--mode", choices=["fast", "slow"])\n'
+        '    p.add_argument("--pair", type=lambda s: tuple(int(v) for v in s.split(",")))\n'
+        '    p.add_argument("--name")\n'
+        '    return p\n\n\n'
+        'if __name__ == "__main__":\n'
+        '    raise SystemExit("worked")\n')
+    assert argv_problem(str(tool), ['--n', '3', '4', '--mode', 'fast']) is None
+    assert argv_problem(str(tool), ['--help']) is None
+    assert 'invalid int value' in argv_problem(str(tool), ['--n', 'three'])
+    assert "invalid choice: 'quick'" in argv_problem(str(tool), ['--mode', 'quick'])
+    # placeholders: N and M (int), MODE (a choice), F,L (a pair), NAME (a string)
+    assert argv_problem(str(tool), ['--n', 'N', 'M', '--mode', 'MODE', '--pair', 'F,L',
+                                    '--name', 'NAME']) is None
+    # what follows a placeholder is still checked
+    assert 'unrecognized arguments: --bogus' in argv_problem(
+        str(tool), ['--n', 'N', '--mode', 'MODE', '--bogus'])
+    assert "invalid choice: 'quick'" in argv_problem(str(tool), ['--n', 'N', '--mode', 'quick'])
     at_import = tmp_path / 'at_import.py'
-    at_import.write_text('import argparse\np = argparse.ArgumentParser()\n'
-                         'p.add_argument("--n", type=int)\n'
-                         'args, rest = p.parse_known_args()\nraise SystemExit("worked")\n')
-    assert argv_problem(str(at_import), ['--n', '3', 'extra']) is None
-    assert 'invalid int value' in argv_problem(str(at_import), ['--n', 'three'])
-    assert argv_problem(str(at_import), ['--n', 'N']) is None  # a placeholder
+    at_import.write_text('raise SystemExit("work at import")\n')
+    assert 'cannot be loaded' in argv_problem(str(at_import), [])
     broken = tmp_path / 'broken.py'
     broken.write_text('import no_such_module_for_the_docs_test\n')
     assert 'ModuleNotFoundError' in argv_problem(str(broken), [])
     no_parser = tmp_path / 'no_parser.py'
-    no_parser.write_text('import sys\nN = len(sys.argv)\n')
-    assert 'without parsing its arguments' in argv_problem(str(no_parser), ['x'])
+    no_parser.write_text('import argparse\n\n\ndef main():\n'
+                         '    argparse.ArgumentParser().parse_args()\n')
+    assert 'has no build_parser()' in argv_problem(str(no_parser), ['x'])
 
 
 def test_slugs_follow_github():

@@ -7,11 +7,18 @@ tools/test.py work too, because the configs import mmsoft through ``custom_impor
 from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
 
 
-def parse_args(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     p = runner_parser('Test a model with an mmsoft backbone', 'test config file path')
     p.add_argument('checkpoint', help='checkpoint file')
     p.add_argument('--out', help='dump predictions to this pickle file')
-    return parse_runner_args(p, argv)
+    return p
+
+
+def parse_args(argv=None):
+    """The options of ``argv`` (default: the command line); sets ``LOCAL_RANK`` from
+    --local-rank when the launcher did not."""
+    return parse_runner_args(build_parser(), argv)
 
 
 def main(argv=None):

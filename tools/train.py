@@ -7,7 +7,8 @@ tools/train.py; `mim train mmsoft CONFIG` runs this file.
 from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
 
 
-def parse_args(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     p = runner_parser('Train a model with an mmsoft backbone', 'train config file path')
     p.add_argument('--amp', action='store_true', help='automatic mixed precision')
     p.add_argument('--auto-scale-lr', action='store_true',
@@ -15,7 +16,13 @@ def parse_args(argv=None):
     p.add_argument('--resume', nargs='?', type=str, const='auto',
                    help='resume from the given checkpoint, or from the latest one in '
                    'work_dir')
-    return parse_runner_args(p, argv)
+    return p
+
+
+def parse_args(argv=None):
+    """The options of ``argv`` (default: the command line); sets ``LOCAL_RANK`` from
+    --local-rank when the launcher did not."""
+    return parse_runner_args(build_parser(), argv)
 
 
 def build_cfg(args):

@@ -36,7 +36,7 @@ def test_check_env_names_missing_ops_and_codebases(monkeypatch, capsys):
     def broken_mmcv():
         raise ImportError("No module named 'mmcv._ext'")
 
-    monkeypatch.setattr(check_env, '_mmcv_ops', broken_mmcv)
+    monkeypatch.setattr(check_env, 'check_mmcv_ops', broken_mmcv)
     real = check_env.dist_version
     monkeypatch.setattr(check_env, 'dist_version', lambda *names: (None, None)
                         if names[0] == 'mmsegmentation' else real(*names))

@@ -31,10 +31,8 @@ SIMA_RANDOM = (': untrained, the token norms mostly light up a border of the ima
                'convolutions\' zero padding sets the border tokens apart), not its content')
 
 
-def main(argv=None):
-    from mmsoft import analysis
-    from mmsoft.models import SOFT
-
+def build_parser():
+    """The argument parser of this tool."""
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)
     parser.add_argument('--image', help='file or scikit-image sample (default: see below)')
@@ -44,7 +42,14 @@ def main(argv=None):
     parser.add_argument('--query', nargs=2, type=float, default=[0.5, 0.5],
                         metavar=('Y', 'X'), help='SOFT query position, fractions of H, W')
     parser.add_argument('--out-dir', default=osp.join('work_dirs', 'attention_maps'))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    from mmsoft import analysis
+    from mmsoft.models import SOFT
+
+    args = build_parser().parse_args(argv)
     cli.setup_logging()
 
     model, weights = cli.backbone_from_args(args)

@@ -82,7 +82,8 @@ def _schedule(text):
     return first, last
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
@@ -134,6 +135,11 @@ def main(argv=None):
                         "or float16 (SOFT's pseudo-inverse stays float32)")
     parser.add_argument('--plot', help='write the scaling plot to this PNG')
     parser.add_argument('--json', help='write all numbers to this JSON file')
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     sections = args.sections.split(',')
     unknown = set(sections) - set(SECTIONS)

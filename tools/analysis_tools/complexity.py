@@ -45,7 +45,8 @@ ALL_CONFIGS_TIME = ('--all-configs (24 configs) at 800×1280 takes about an hour
 
 
 def soft_attention_macs(B, h, N, m, d, iters):
-    """Analytic MACs of one SOFT kernel-attention core (SPEC 1.1), batch B, h heads."""
+    """Analytic MACs of one SOFT kernel-attention core (paper Eq. 5, Alg. 2, TPAMI Eq. 25), batch B,
+    h heads."""
     per_head = (
         N * m * d  # P = κ(Q, Q̃): the Q·Q̃ᵀ product (norms and exp are O(N·m))
         + m * m * d  # A = κ(Q̃, Q̃)
@@ -152,7 +153,8 @@ def logs_to_file(path):
                 h.setStream(stream)
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool (its help says how long --all-configs runs)."""
     from mmsoft.apis.cli import tool_parser
     run_time = textwrap.fill('Run time: one forward pass and one traced pass per model, on '
                              f'CPU. {ALL_CONFIGS_TIME}.', 90)
@@ -170,6 +172,11 @@ def main(argv=None):
     parser.add_argument('--log-file',
                         default=osp.join('work_dirs', 'complexity', 'complexity.log'),
                         help='where the models\' log lines go (default %(default)s)')
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     from mmsoft.apis import init_backbone
     items = [(b, lambda b=b: init_backbone(b)) for b in args.backbone]

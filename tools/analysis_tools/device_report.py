@@ -198,7 +198,8 @@ def shown(printed, name):
     return ['#' + ln if ln.startswith('#') else ln for ln in lines]
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
@@ -213,6 +214,11 @@ def main(argv=None):
     parser.add_argument('--budget', type=float, default=540,
                         help='seconds: no step starts after this, and a running step is '
                         'stopped when it is spent')
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     names = [n for n, (part, _, _, _) in STEPS.items()
              if (args.part == 'all' or part == args.part)

@@ -64,6 +64,7 @@ def path_plan(name, device):
 
 
 def build_parser():
+    """The argument parser of this tool."""
     from mmsoft.testing import FIDELITY_IMAGES, NATURAL_IMAGES
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)

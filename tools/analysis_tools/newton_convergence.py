@@ -74,10 +74,8 @@ def inverse_norm_figure(norm_rows, title):
     return fig
 
 
-def main(argv=None):
-    from tqdm import tqdm
-
-    from mmsoft import analysis
+def build_parser():
+    """The argument parser of this tool."""
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)
     parser.add_argument('--images', nargs='+', help='files or scikit-image samples')
@@ -86,7 +84,14 @@ def main(argv=None):
                         help='short sides for Fig. 5b (more landmarks at larger sizes)')
     parser.add_argument('--iters', type=int, default=20)
     parser.add_argument('--out-dir', default=osp.join('work_dirs', 'newton_convergence'))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    from tqdm import tqdm
+
+    from mmsoft import analysis
+    args = build_parser().parse_args(argv)
     cli.setup_logging()
 
     model, weights = cli.backbone_from_args(args)

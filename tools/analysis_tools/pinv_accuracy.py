@@ -20,6 +20,7 @@ from mmsoft.apis import cli
 
 
 def build_parser():
+    """The argument parser of this tool."""
     from mmsoft import testing
     parser = cli.tool_parser(__doc__)
     parser.add_argument('--kinds', nargs='+', default=list(testing.HARD_KERNELS),

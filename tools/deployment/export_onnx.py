@@ -66,7 +66,8 @@ def check(model, path, sizes):
     return result
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)
     parser.add_argument('--out', default=None,
@@ -75,6 +76,11 @@ def main(argv=None):
     parser.add_argument('--check-sizes', nargs='+', default=['224x224', '320x480'],
                         help='input sizes compared with onnxruntime (HxW)')
     parser.add_argument('--tolerance', type=float, default=1e-4)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.opset < 17:
         parser.error('--opset must be >= 17 (LayerNormalization)')

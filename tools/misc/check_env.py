@@ -53,7 +53,8 @@ def _major(version):
         return None
 
 
-def _torch():
+def check_torch():
+    """torch's version and build, and the GPU it sees (status, description, fix)."""
     import torch
     gpu = torch.cuda.is_available()
     where = (f'GPU: {torch.cuda.get_device_name(0)}' if gpu else 'no GPU visible')
@@ -61,7 +62,9 @@ def _torch():
     return OK, f'torch {torch.__version__} ({build}, {where})', None
 
 
-def _mmengine():
+def check_mmengine():
+    """mmengine's version and distribution, failing unless it is a 0.x release (status,
+    description, fix)."""
     import mmengine
     dist, _ = dist_version('mmengine', 'onedl-mmengine', 'mmengine-lite')
     if _major(mmengine.__version__) != 0:
@@ -69,7 +72,9 @@ def _mmengine():
     return OK, f'mmengine {mmengine.__version__} ({dist or "source"})', None
 
 
-def _mmcv_ops():
+def check_mmcv_ops():
+    """Whether mmcv's compiled ops (nms, roi_align) run on the CPU and, where torch sees
+    a GPU, on CUDA (status, description, fix)."""
     import mmcv
     import torch
     dist, _ = dist_version('mmcv', 'onedl-mmcv', 'mmcv-lite')
@@ -106,7 +111,10 @@ def _mmcv_ops():
     return OK, f'{name}: ops run on the CPU (built with CUDA {cuda_ops}; no GPU visible)', None
 
 
-def _codebase(module, dist_names, what, trap):
+def check_codebase(module, dist_names, what, trap):
+    """Whether ``module`` (mmdet, mmseg, mmpretrain: the first installed of ``dist_names``)
+    imports its models; ``trap`` is the fix named when that fails with a TypeError
+    (status, description, fix)."""
     dist, version = dist_version(*dist_names)
     if dist is None:
         return WARN, f'{module} not installed (needed for {what})', (
@@ -123,12 +131,13 @@ def _codebase(module, dist_names, what, trap):
     return OK, f'{module} {version} ({dist})', None
 
 
-def _mmsoft():
+def check_mmsoft():
+    """mmsoft's version and the folder it is imported from (status, description, fix)."""
     import mmsoft
     return OK, f'mmsoft {mmsoft.__version__} ({os.path.dirname(mmsoft.__file__)})', None
 
 
-def _mim():
+def check_mim():
     """Where `mim train mmsoft` finds the tools and `mim search mmsoft` the model index:
     asked in a fresh interpreter outside the repository, as mim's console script runs (a
     clone's mmsoft.egg-info in the working directory would otherwise shadow the installed
@@ -163,14 +172,16 @@ def checks():
     """[(status, description, fix or None)] for this environment."""
     compat = _load_compat()
     trap = compat.transformers_trap() if compat else None
-    steps = [('torch', _torch), ('mmengine', _mmengine), ('mmcv', _mmcv_ops),
-             ('mmdet', lambda: _codebase('mmdet', ('mmdet', 'onedl-mmdetection'),
-                                         'the detection configs', trap)),
-             ('mmseg', lambda: _codebase('mmseg', ('mmsegmentation', 'onedl-mmsegmentation'),
-                                         'the UperNet configs', trap)),
-             ('mmpretrain', lambda: _codebase('mmpretrain', ('mmpretrain', 'onedl-mmpretrain'),
-                                              'the ImageNet configs', trap)),
-             ('mmsoft', _mmsoft), ('mim', _mim)]
+    steps = [('torch', check_torch), ('mmengine', check_mmengine), ('mmcv', check_mmcv_ops),
+             ('mmdet', lambda: check_codebase('mmdet', ('mmdet', 'onedl-mmdetection'),
+                                              'the detection configs', trap)),
+             ('mmseg', lambda: check_codebase(
+                 'mmseg', ('mmsegmentation', 'onedl-mmsegmentation'), 'the UperNet configs',
+                 trap)),
+             ('mmpretrain', lambda: check_codebase(
+                 'mmpretrain', ('mmpretrain', 'onedl-mmpretrain'), 'the ImageNet configs',
+                 trap)),
+             ('mmsoft', check_mmsoft), ('mim', check_mim)]
     results = []
     for name, step in steps:
         try:
@@ -185,12 +196,17 @@ def checks():
     return results
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--strict', action='store_true',
                         help='fail on warnings too (a missing codebase or mim)')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     results = checks()
     for status, what, fix in results:
         print(f'[{status:>4}] {what}' + (f'\n       fix: {fix}' if fix else ''))

@@ -144,7 +144,8 @@ def draw_segmentation(image, pred, classes, palette, title):
     return fig, seg
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = cli.tool_parser(__doc__)
     parser.add_argument('image', nargs='*',
                         help='image files, folders or scikit-image sample names '
@@ -156,6 +157,11 @@ def main(argv=None):
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detections below this score are not drawn')
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.config is None:
         configs = [i for i in args.image if i.endswith('.py')]

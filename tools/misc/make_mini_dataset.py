@@ -108,13 +108,19 @@ def write_split(rng, out, split, ade_split, count, size):
     return len(images), len(annotations)
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--out', default='data', help='output root (default: data)')
     parser.add_argument('--train', type=int, default=200, help='training images')
     parser.add_argument('--val', type=int, default=40, help='validation images')
     parser.add_argument('--size', type=int, default=128, help='image side in pixels')
     parser.add_argument('--seed', type=int, default=0)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.size < 32:
         parser.error('--size must be at least 32')

@@ -27,12 +27,17 @@ def convert(family, src):
             'meta': {'converted_from': str(src), 'family': family}}
 
 
-def main(argv=None):
+def build_parser():
+    """The argument parser of this tool."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('family', choices=['soft', 'xcit_sima'])
     parser.add_argument('src', help='official checkpoint (path or URL)')
     parser.add_argument('dst', help='output .pth')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     ckpt = convert(args.family, args.src)
     torch.save(ckpt, args.dst)
     print(f'wrote {len(ckpt["state_dict"])} backbone tensors to {args.dst}')
