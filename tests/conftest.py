@@ -16,7 +16,7 @@ def data_path(name):
 
 
 def rel_err(a, b):
-    """max|a - b| / max|b| (SPEC section 4)."""
+    """max|a - b| / max|b|: the parity fixtures' relative error (tests/data/README.md)."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.numerics)
 
 
-# The tiny archs of the parity fixtures (SPEC section 4, tests/data/*_public_*.pth).
+# The tiny archs of the parity fixtures (tests/data/README.md, tests/data/*_public_*.pth).
 SOFT_FIXTURE_ARCH = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                          depths=[1, 1, 2, 1])
 SIMA_FIXTURE_ARCH = dict(embed_dims=64, depth=4, num_heads=2, eta=1.0)

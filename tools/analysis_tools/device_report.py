@@ -34,8 +34,8 @@ tools/analysis_tools/benchmark.py; the plan whose fields the steps measure is
 ``AttentionPlan`` in mmsoft/models/attention/plan.py. Run it from the repository root,
 with mmsoft importable (installed, or the repository root on PYTHONPATH).
 
-On a lent GPU machine (``../shared/gpu`` recipe: wheels carried in .gpu/), one call of
-under 10 minutes per part; ``--budget`` stops starting steps once its seconds are spent
+On a GPU machine without network access (with a virtual environment prepared elsewhere
+and carried in .gpu/, whose setup.sh activates it), one call of under 10 minutes per part; ``--budget`` stops starting steps once its seconds are spent
 and stops a step that outlasts it, so the set-up and the report fit in one call:
 
   source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
