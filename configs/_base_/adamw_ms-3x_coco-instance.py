@@ -1,7 +1,8 @@
 # COCO instance segmentation, 3x schedule (36 epochs: 12 epochs over the dataset repeated
 # 3 times, steps at 9 and 11), multi-scale training with short side 480-800 (the SOFT
-# paper's 3x recipe), AdamW lr 1e-4, weight decay 0.01, batch 16 = 8 GPUs x 2 images.
-_base_ = 'mmdet::common/ms_3x_coco-instance.py'
+# paper's 3x recipe), AdamW lr 1e-4, weight decay 0.01 (./schedules/adamw.py), batch 16 =
+# 8 GPUs x 2 images.
+_base_ = ['mmdet::common/ms_3x_coco-instance.py', './schedules/adamw.py']
 
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
@@ -12,13 +13,7 @@ train_pipeline = [
 ]
 train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        custom_keys={'pos_embed': dict(decay_mult=0.), 'cls_token': dict(decay_mult=0.)}))
+optim_wrapper = dict(_base_.soft_optim_wrapper, _delete_=True)
 
 # for another number of GPUs run tools/train.py with --auto-scale-lr
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,9 +1,9 @@
-# UperNet, ADE20K 512x512, 160k iter., AdamW lr 6e-5 (mmseg's transformer recipe), no backbone.
+# UperNet, ADE20K 512x512, 160k iter., AdamW lr 6e-5 (mmseg's transformer recipe), without
+# the backbone: a config adds one and `custom_imports` from a base in ./models/.
 _base_ = [
     'mmseg::_base_/models/upernet_r50.py', 'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py'
 ]
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 crop_size = (512, 512)
 model = dict(

@@ -1,10 +1,10 @@
 # The shipped SOFT-Tiny RetinaNet config, shrunk to run on a CPU in minutes: trained from
-# scratch (no ImageNet checkpoint) on the generated mini COCO set (tools/make_mini_dataset.py,
+# scratch (no ImageNet checkpoint) on the generated mini COCO set (tools/misc/make_mini_dataset.py,
 # 128x128 images, 2 classes) for 400 iterations of batch 4, evaluated with COCO bbox mAP.
 _base_ = '../soft/retinanet_soft-t_fpn_1x_coco.py'
 
-# The generated data (tools/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
-# 'data' relative to where the command runs (the repo root in tools/quickstart.sh). From
+# The generated data (tools/misc/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
+# 'data' relative to where the command runs (the repo root in scripts/quickstart.sh). From
 # anywhere else: MMSOFT_DATA=/path/to/mmsoft/data mim train mmsoft configs/_mini_/...
 # (mmengine substitutes the environment variable when it reads the config.)
 data_root = '{{$MMSOFT_DATA:data}}/mini_coco/'

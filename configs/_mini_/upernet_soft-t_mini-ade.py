@@ -1,11 +1,11 @@
 # The shipped SOFT UperNet config with a SOFT-Tiny backbone, shrunk to run on a CPU in
 # minutes: trained from scratch on the generated mini ADE20K-format set
-# (tools/make_mini_dataset.py, 128x128 images, 3 classes after reduce_zero_label) for
+# (tools/misc/make_mini_dataset.py, 128x128 images, 3 classes after reduce_zero_label) for
 # 400 iterations of batch 4, evaluated with mIoU.
 _base_ = '../soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py'
 
-# The generated data (tools/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
-# 'data' relative to where the command runs (the repo root in tools/quickstart.sh). From
+# The generated data (tools/misc/make_mini_dataset.py --out DATA) under $MMSOFT_DATA, by default
+# 'data' relative to where the command runs (the repo root in scripts/quickstart.sh). From
 # anywhere else: MMSOFT_DATA=/path/to/mmsoft/data mim train mmsoft configs/_mini_/...
 # (mmengine substitutes the environment variable when it reads the config.)
 data_root = '{{$MMSOFT_DATA:data}}/mini_ade/'

@@ -1,31 +1,11 @@
 # ATSS, SOFT-Small, COCO: mmdet's standard ATSS schedule (1x, 12 epochs, single scale)
 # with the SOFT paper's optimizer (AdamW lr 1e-4, weight decay 0.01, batch 16 = 8 GPUs x 2
 # images). Paper: 46.7 box AP, 32M params (the paper does not state its ATSS schedule).
-_base_ = 'mmdet::atss/atss_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+_base_ = [
+    'mmdet::atss/atss_r50_fpn_1x_coco.py', '../_base_/models/soft-s_fpn-p3.py',
+    '../_base_/schedules/adamw.py'
+]
 
-# Official ImageNet SOFT-Small-Norm weights (timm format, loaded as they are): download
-# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
-# Google Drive) to checkpoints/soft_small_norm.pth, or point this at your copy.
-pretrained = 'checkpoints/soft_small_norm.pth'
-
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='small',
-        out_indices=(1, 2, 3),  # only the stages the FPN uses (start_level=1)
-        drop_path_rate=0.1,
-        # statistics over the whole batch of 16 (reverted to BN in single-process runs)
-        norm_cfg=dict(type='SyncBN', requires_grad=True),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[128, 320, 512], start_level=0))
-
+model = {{_base_.soft_s_fpn_p3}}
 optim_wrapper = dict(
-    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999),
-                   weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        custom_keys={'pos_embed': dict(decay_mult=0.), 'cls_token': dict(decay_mult=0.)}))
-# for another number of GPUs run tools/train.py with --auto-scale-lr
-auto_scale_lr = dict(enable=False, base_batch_size=16)
+    _base_.soft_optim_wrapper, optimizer=dict(_base_.soft_optim_wrapper.optimizer, _delete_=True))

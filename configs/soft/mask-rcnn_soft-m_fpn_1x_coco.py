@@ -1,10 +1,7 @@
 # Mask R-CNN, SOFT-Medium, COCO 1x (paper recipe). Paper: 46.6 box / 42.0 mask AP, 65M.
 _base_ = './mask-rcnn_soft-t_fpn_1x_coco.py'
 
-# Official ImageNet SOFT-Medium-Norm weights (timm format, loaded as they are): download
-# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
-# Google Drive) to checkpoints/soft_medium_norm.pth, or point this at your copy.
-pretrained = 'checkpoints/soft_medium_norm.pth'
+pretrained = 'checkpoints/soft_medium_norm.pth'  # SOFT-Medium-Norm: see ../_base_/models/soft-s.py
 
 model = dict(
     backbone=dict(arch='medium', drop_path_rate=0.2, init_cfg=dict(checkpoint=pretrained)),

@@ -1,9 +1,6 @@
 # Mask R-CNN, SOFT-Small, COCO 1x (paper recipe). Paper: 43.8 box / 40.1 mask AP, 44M.
 _base_ = './mask-rcnn_soft-t_fpn_1x_coco.py'
 
-# Official ImageNet SOFT-Small-Norm weights (timm format, loaded as they are): download
-# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
-# Google Drive) to checkpoints/soft_small_norm.pth, or point this at your copy.
-pretrained = 'checkpoints/soft_small_norm.pth'
+pretrained = 'checkpoints/soft_small_norm.pth'  # SOFT-Small-Norm: see ../_base_/models/soft-s.py
 
 model = dict(backbone=dict(arch='small', init_cfg=dict(checkpoint=pretrained)))

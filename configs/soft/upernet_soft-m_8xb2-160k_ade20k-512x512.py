@@ -2,10 +2,7 @@
 # Paper: 48.0 mIoU, 76M params.
 _base_ = './upernet_soft-s_8xb2-160k_ade20k-512x512.py'
 
-# Official ImageNet SOFT-Medium-Norm weights (timm format, loaded as they are): download
-# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
-# Google Drive) to checkpoints/soft_medium_norm.pth, or point this at your copy.
-pretrained = 'checkpoints/soft_medium_norm.pth'
+pretrained = 'checkpoints/soft_medium_norm.pth'  # SOFT-Medium-Norm: see ../_base_/models/soft-s.py
 
 model = dict(
     backbone=dict(arch='medium', drop_path_rate=0.2, init_cfg=dict(checkpoint=pretrained)),

@@ -3,22 +3,12 @@
 # transformer-UperNet settings (lr 6e-5, weight decay 0.01, 1500 linear warm-up iterations
 # then poly decay); the paper's text says lr 6e-4, which we consider a typo for 6e-5.
 # Paper: 46.2 mIoU, 54M params.
-_base_ = '../_base_/upernet_adamw_8xb2-160k_ade20k-512x512.py'
-
-# Official ImageNet SOFT-Small-Norm weights (timm format, loaded as they are): download
-# them from the links in https://github.com/fudan-zvg/SOFT (README, ImageNet table;
-# Google Drive) to checkpoints/soft_small_norm.pth, or point this at your copy.
-pretrained = 'checkpoints/soft_small_norm.pth'
+_base_ = [
+    '../_base_/upernet_adamw_8xb2-160k_ade20k-512x512.py', '../_base_/models/soft-s.py'
+]
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='small',
-        out_indices=(0, 1, 2, 3),
-        drop_path_rate=0.1,
-        norm_cfg=dict(type='SyncBN', requires_grad=True),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(_base_.soft_s, _delete_=True),
     decode_head=dict(in_channels=[64, 128, 320, 512]),
     auxiliary_head=dict(in_channels=320))
 

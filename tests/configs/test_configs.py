@@ -1,7 +1,9 @@
 """Every shipped config builds, initializes, trains one step, predicts, and has the
-parameter count of the paper it reproduces."""
+parameter count of the paper it reproduces; no block of settings is typed in two configs."""
+import collections
 import glob
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ CONFIGS = sorted(
     p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
     if '_base_' not in p)
 
-# Parameter counts (millions) reported by the papers (SPEC 1.4, 1.6, 2.5).
+# Parameter counts (millions) reported by the papers: the SOFT paper's COCO, ADE20K and
+# ImageNet tables, the SimA paper's COCO table.
 PAPER_PARAMS = {
     'retinanet_soft-t_fpn_1x_coco.py': 23,
     'retinanet_soft-s_fpn_1x_coco.py': 34,
@@ -115,3 +118,51 @@ def test_config_builds_trains_and_predicts(path):
         batch = model.data_preprocessor(data, False)
         preds = model(**batch, mode='predict')
     assert len(preds) == 2
+
+
+# ---------------------------------------------------------------- one source per block
+
+# Six lines typed alike in two configs make a block that belongs in a shared _base_ file.
+REPEAT_LINES = 6
+# Lines of nothing but brackets and commas (``)``, ``],``, ``]``) are left out: every config
+# closes its dicts and lists alike, and counting them would join short, different blocks
+# into one run that looks repeated. Blank lines are left out too, and indentation and
+# trailing whitespace are ignored, so a copy re-indented or re-spaced is still found.
+NO_CONTENT = re.compile(r'[\s()\[\]{},]*')
+
+
+def repeated_blocks(paths, run=REPEAT_LINES):
+    """Runs of ``run`` consecutive lines with content that more than one of ``paths``
+    holds: ``[(lines, [(path, line number of the run's first line), ...]), ...]``."""
+    where = collections.defaultdict(list)
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            lines = [(number, line.strip()) for number, line in enumerate(f, 1)
+                     if not NO_CONTENT.fullmatch(line.strip())]
+        for i in range(len(lines) - run + 1):
+            where[tuple(text for _, text in lines[i:i + run])].append((path, lines[i][0]))
+    return [(block, places) for block, places in where.items()
+            if len({path for path, _ in places}) > 1]
+
+
+def test_no_block_is_typed_in_two_configs():
+    paths = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
+    repeats = repeated_blocks(paths)
+    report = [' and '.join(f'{config_id(path)}:{number}' for path, number in places) + ':\n    '
+              + '\n    '.join(block) for block, places in repeats[:5]]
+    assert not repeats, (f'{len(repeats)} runs of {REPEAT_LINES} lines are typed in more than '
+                         'one config; share them through a _base_ file:\n' + '\n'.join(report))
+
+
+def test_repeated_blocks_are_found(tmp_path):
+    block = ['model = dict(', '    backbone=dict(', "        type='SOFT',", "        arch='small',",
+             '        drop_path_rate=0.1,', '    ),', '', "    neck=dict(in_channels=[1]))"]
+    one, two, three = tmp_path / 'one.py', tmp_path / 'two.py', tmp_path / 'three.py'
+    one.write_text('\n'.join(['# one'] + block) + '\n')
+    # the same six lines with content, re-indented, with other blank and bracket lines
+    two.write_text('\n'.join(['x = 1', ''] + [line.strip() + '  ' for line in block[:5]]
+                             + ['', ')', '', block[7]]) + '\n')
+    three.write_text('\n'.join(block[:5] + ['    drop_path_rate=0.2,']) + '\n')  # five alike
+    found = repeated_blocks([str(one), str(two), str(three)])
+    assert [places for _, places in found] == [[(str(one), 2), (str(two), 3)]]
+    assert repeated_blocks([str(one), str(three)]) == []
