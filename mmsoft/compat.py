@@ -63,7 +63,10 @@ def warn_known_conflicts():
 # table ('mmsegmentation'); the OneDL continuation renamed the distributions
 # (onedl-mmsegmentation, ...), so onedl-mmengine 0.10.12 reports "mmsegmentation is not
 # installed" for every mmseg:: base config. mmdet and mmpretrain resolve through their
-# module names and are not affected.
+# module names and are not affected. mmengine offers no extension point for this: the
+# table is a plain module-level dict that its config loading reads and asserts on, with
+# no registration API, so the entries are corrected in place, only where the OpenMMLab
+# distribution is missing and the OneDL one is installed.
 _ONEDL_DISTRIBUTIONS = {'mmdet': 'onedl-mmdetection', 'mmseg': 'onedl-mmsegmentation',
                         'mmpretrain': 'onedl-mmpretrain'}
 

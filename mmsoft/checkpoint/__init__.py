@@ -2,8 +2,10 @@
 
 - :mod:`mmsoft.checkpoint.safe_load`: reading checkpoint files with torch's ``weights_only``
   protection kept on (:func:`load`, the allow-list :func:`safe_globals`, :func:`trust` /
-  ``MMSOFT_TRUSTED_CHECKPOINTS``, :class:`UntrustedCheckpointError`) and
-  :func:`guard_mmengine`, which routes mmengine's checkpoint loading through :func:`load`.
+  ``MMSOFT_TRUSTED_CHECKPOINTS``, :class:`UntrustedCheckpointError`).
+- :mod:`mmsoft.checkpoint.guard`: :func:`guard_mmengine`, which routes mmengine's checkpoint
+  loading through :func:`load` (mmsoft's loader for each scheme of mmengine's
+  ``CheckpointLoader``, and mmengine's loader functions called by name).
 - :mod:`mmsoft.checkpoint.keys`: which entries of a checkpoint are the backbone's
   (:func:`extract_state_dict`) and loading them into a model with a loud report of what
   matched, was ignored or stayed initialized (:func:`load_pretrained`,
@@ -13,13 +15,15 @@ Every name is importable from ``mmsoft.checkpoint``; the module state (trusted p
 allow-list lock) lives in :mod:`mmsoft.checkpoint.safe_load` only. This package does not
 import ``mmsoft.models``.
 """
+from .guard import guard_mmengine, guard_mmengine_functions
 from .keys import (COMMON_PREFIXES, STATE_DICT_ENTRIES, extract_state_dict, load_pretrained,
                    summarize_keys)
 from .safe_load import (HISTORY_BUFFER_STATISTICS, TRUSTED_ENV, UntrustedCheckpointError,
-                        guard_mmengine, history_buffer_statistic, is_trusted, load,
+                        history_buffer_statistic, is_trusted, load,
                         mmengine_checkpoint_globals, safe_globals, trust)
 
 __all__ = ['TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
            'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load',
-           'guard_mmengine', 'HISTORY_BUFFER_STATISTICS', 'STATE_DICT_ENTRIES',
-           'COMMON_PREFIXES', 'extract_state_dict', 'summarize_keys', 'load_pretrained']
+           'guard_mmengine', 'guard_mmengine_functions', 'HISTORY_BUFFER_STATISTICS',
+           'STATE_DICT_ENTRIES', 'COMMON_PREFIXES', 'extract_state_dict', 'summarize_keys',
+           'load_pretrained']

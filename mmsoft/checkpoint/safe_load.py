@@ -15,29 +15,29 @@ therefore resolves to :func:`history_buffer_statistic`, which returns
 ``HistoryBuffer.min/max/current/mean`` and refuses everything else.
 
 ``import mmsoft`` routes mmengine's checkpoint loading through :func:`load`
-(:func:`guard_mmengine`): ``init_cfg=dict(type='Pretrained')``, ``load_from``, ``resume``,
-``mmengine.runner.load_checkpoint``, ``CheckpointLoader.load_checkpoint``, local files,
-URLs and ``torchvision://`` / ``open-mmlab://`` names. mmengine loads URLs with
-``weights_only=False`` and onedl-mmengine retries a refused file with
-``weights_only=False``; mmsoft refuses both unless the user has said the file is trusted
-(:func:`trust`, ``MMSOFT_TRUSTED_CHECKPOINTS``).
+(:func:`mmsoft.checkpoint.guard_mmengine`). mmengine loads URLs with ``weights_only=False``
+and onedl-mmengine retries a refused file with ``weights_only=False``; mmsoft refuses both
+unless the user has said the file is trusted (:func:`trust`, ``MMSOFT_TRUSTED_CHECKPOINTS``).
+
+Trust is a fact about a file, stated by the user, so it holds for the whole process: the
+environment variable from the start, a :func:`trust` block while it is open, in every
+thread. A refusal is not state: each :class:`UntrustedCheckpointError` carries its own
+file and reason.
 """
 import argparse
+import collections
 import contextlib
-import functools
 import os
 import os.path as osp
 import pickle
 import re
 import threading
-import types
 
 import numpy as np
 import torch
 
 __all__ = ['TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
-           'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load',
-           'guard_mmengine']
+           'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load']
 
 TRUSTED_ENV = 'MMSOFT_TRUSTED_CHECKPOINTS'
 HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
@@ -45,7 +45,16 @@ _GETATTR_NAME = 'builtins.getattr'
 
 
 class UntrustedCheckpointError(pickle.UnpicklingError):
-    """A checkpoint needs more than ``weights_only`` unpickling and nobody trusted it."""
+    """A checkpoint needs more than ``weights_only`` unpickling and nobody trusted it.
+
+    ``source`` is what was refused (a path, URL or file object) and ``reason`` what
+    ``weights_only`` refused in it (None where a caller asked for full unpickling of a file
+    whose first refusal it did not pass on)."""
+
+    def __init__(self, message, source=None, reason=None):
+        super().__init__(message)
+        self.source = source
+        self.reason = reason
 
 
 def history_buffer_statistic(owner, name):
@@ -96,7 +105,12 @@ def safe_globals():
     """Allow :func:`mmengine_checkpoint_globals` for ``torch.load(weights_only=True)`` in
     the block. Any raw ``builtins.getattr`` allow-listed by others (onedl-mmengine adds
     one around its own loads) is withdrawn for the block. A checkpoint that changes
-    ``HistoryBuffer``'s statistics table (shared by the whole process) is refused."""
+    ``HistoryBuffer``'s statistics table (shared by the whole process) is refused.
+
+    torch's allow-list is one for the whole process: blocks of several threads take turns
+    (a lock), but code that adds ``builtins.getattr`` from another thread while the block
+    runs, without this lock, would reach the load (mmengine's checkpoint module cannot:
+    :mod:`mmsoft.checkpoint.guard`)."""
     from mmengine.logging import HistoryBuffer
     serialization = torch.serialization
     with _allow_list_lock:
@@ -126,26 +140,34 @@ def safe_globals():
                 '(process-wide state); mmsoft restored them')
 
 
-_trusted_here = []  # paths given to trust(), innermost last
+_trusted_lock = threading.Lock()
+_trusted = collections.Counter()  # trust() keys of the open blocks, all threads
 
 
 @contextlib.contextmanager
 def trust(*paths):
     """Let :func:`load` (and mmengine's loading, once mmsoft is imported) fully unpickle
-    the given checkpoint files (or URLs) in the block when ``weights_only`` refuses them.
+    the given checkpoint files (or URLs) while the block runs, when ``weights_only``
+    refuses them.
 
-    Full unpickling runs any code the file contains: trust only files you made or that
-    come from a source you trust. ``MMSOFT_TRUSTED_CHECKPOINTS`` (paths separated by
-    ``os.pathsep``) does the same for a whole process."""
+    The grant holds for the whole process, in every thread, as long as the block is open
+    (blocks of several threads naming the same file overlap: it stays trusted until the
+    last one closes). Full unpickling runs any code the file contains: trust only files you
+    made or that come from a source you trust. ``MMSOFT_TRUSTED_CHECKPOINTS`` (paths
+    separated by ``os.pathsep``) does the same for the life of the process."""
     if not paths or not all(isinstance(p, (str, os.PathLike)) for p in paths):
         raise TypeError('trust() takes one or more checkpoint paths or URLs')
     keys = [_trust_key(p) for p in paths]
-    _trusted_here.extend(keys)
+    with _trusted_lock:
+        _trusted.update(keys)
     try:
         yield
     finally:
-        for k in keys:
-            _trusted_here.remove(k)
+        with _trusted_lock:
+            _trusted.subtract(keys)
+            for k in keys:
+                if _trusted[k] <= 0:
+                    del _trusted[k]
 
 
 def _trust_key(path):
@@ -159,7 +181,11 @@ def is_trusted(f):
     """Whether ``f`` (a path or URL; never a file object) was trusted by the user."""
     if not isinstance(f, (str, os.PathLike)):
         return False
-    return _trust_key(f) in set(_trusted_here) | {_trust_key(p) for p in _env_entries()}
+    key = _trust_key(f)
+    with _trusted_lock:
+        if _trusted[key] > 0:
+            return True
+    return key in {_trust_key(p) for p in _env_entries()}
 
 
 def _env_entries():
@@ -221,16 +247,20 @@ def _weights_only_first(source, call):
             return call(True)
     except pickle.UnpicklingError as err:
         if not is_trusted(source):
-            _last_refusal.value = (source, _reason(err))
-            raise UntrustedCheckpointError(_refusal(source, _reason(err))) from err
+            reason = _reason(err)
+            raise UntrustedCheckpointError(_refusal(source, reason), source, reason) from err
     _warn_full_unpickling(source)
     return call(False)
 
 
-def _refuse_unless_trusted(source, reason):
-    """An explicit ``weights_only=False`` request for an untrusted ``source``."""
+def _refuse_unless_trusted(source, reason=None):
+    """An explicit ``weights_only=False`` request for ``source``: refused with
+    :class:`UntrustedCheckpointError` unless it is trusted. ``reason`` is what
+    ``weights_only`` refused in the file, where the caller knows it."""
     if not is_trusted(source):
-        raise UntrustedCheckpointError(_refusal(source, reason, asked_for_full_unpickling=True))
+        shown = reason or 'the caller asked for weights_only=False'
+        raise UntrustedCheckpointError(
+            _refusal(source, shown, asked_for_full_unpickling=True), source, reason)
 
 
 def load(f, map_location=None, **kwargs):
@@ -239,63 +269,3 @@ def load(f, map_location=None, **kwargs):
     (an ``UnpicklingError``) says why and how to opt in."""
     return _weights_only_first(f, lambda weights_only: torch.load(
         f, map_location=map_location, weights_only=weights_only, **kwargs))
-
-
-_last_refusal = threading.local()  # (file, reason) of load()'s last refusal in the thread
-
-
-def _mmengine_torch_load(f, *args, **kwargs):
-    """``torch.load`` as mmengine's checkpoint module sees it once mmsoft is imported."""
-    if kwargs.get('weights_only') is False:  # onedl-mmengine's retry, or any caller
-        last, reason = getattr(_last_refusal, 'value', (None, None))
-        _refuse_unless_trusted(f, reason if last is f else
-                               'the caller asked for weights_only=False')
-        _warn_full_unpickling(f)
-        return torch.load(f, *args, **kwargs)
-    kwargs.pop('weights_only', None)
-    if args:  # torch.load(f, map_location, pickle_module)
-        kwargs.setdefault('map_location', args[0])
-        if len(args) > 1 and args[1] is not None:
-            raise TypeError('mmsoft: torch.load with a pickle_module cannot keep weights_only')
-    return load(f, **kwargs)
-
-
-def _mmengine_load_url(original, url, *args, **kwargs):
-    """mmengine's ``load_url`` (torch.hub's, whose default is weights_only=False)."""
-    if kwargs.pop('weights_only', None) is False:
-        _refuse_unless_trusted(url, 'the caller asked for weights_only=False')
-    return _weights_only_first(url, lambda weights_only: original(
-        url, *args, weights_only=weights_only, **kwargs))
-
-
-class _GuardedTorch(types.ModuleType):
-    """Stands in for ``torch`` in one mmengine module: ``load`` is mmsoft's, every other
-    attribute is torch's."""
-
-    def __init__(self, real):
-        super().__init__(real.__name__, real.__doc__)
-        self.__dict__['_mmsoft_real_torch'] = real
-        self.load = _mmengine_torch_load
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__['_mmsoft_real_torch'], name)
-
-    def __dir__(self):
-        return sorted(set(dir(self.__dict__['_mmsoft_real_torch'])) | set(self.__dict__))
-
-
-def guard_mmengine():
-    """Route mmengine's checkpoint loading (``mmengine.runner.checkpoint``: every scheme
-    of ``CheckpointLoader``, and with it ``load_checkpoint``, ``Runner.load_checkpoint``,
-    ``resume`` and ``init_cfg``) through :func:`load`. Idempotent."""
-    if not all(hasattr(torch.serialization, f) for f in (
-            'get_safe_globals', 'clear_safe_globals', 'add_safe_globals')):
-        return  # torch < 2.5: no allow-list to scope (and no weights_only default)
-    from mmengine.runner import checkpoint as module
-    if not isinstance(module.torch, _GuardedTorch):
-        module.torch = _GuardedTorch(module.torch)
-    load_url = getattr(module, 'load_url', None)
-    if load_url is not None and not getattr(load_url, '_mmsoft_guarded', False):
-        guarded = functools.wraps(load_url)(functools.partial(_mmengine_load_url, load_url))
-        guarded._mmsoft_guarded = True
-        module.load_url = guarded

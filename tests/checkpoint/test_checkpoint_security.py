@@ -10,14 +10,17 @@ import builtins
 import fractions
 import functools
 import http.server
+import json
 import os
 import os.path as osp
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import numpy as np
@@ -165,9 +168,27 @@ def http_server(tmp_path, monkeypatch):
     server.httpd.server_close()
 
 
-def _load_via(entry, path, tmp_path, server=None):
+def _serve_as_open_mmlab(name, location, tmp_path, monkeypatch):
+    """Name ``location`` (a URL, or a path relative to mmengine's cache folder)
+    ``open-mmlab://NAME`` through ``$MMENGINE_HOME/open_mmlab.json``, as a user would."""
+    home = tmp_path / 'mmengine_home'
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv('MMENGINE_HOME', str(home))
+    (home / 'open_mmlab.json').write_text(json.dumps({name: location}))
+    return home
+
+
+def _fake_pavi(path):
+    """A ``pavi`` package whose modelcloud hands out ``path`` for any model name."""
+    model = types.SimpleNamespace(name=osp.basename(path),
+                                  download=lambda target: shutil.copy(path, target))
+    return types.SimpleNamespace(modelcloud=types.SimpleNamespace(get=lambda name: model))
+
+
+def _load_via(entry, path, tmp_path, server=None, monkeypatch=None):
     """Load ``path`` the way a user of mmsoft would, through ``entry``."""
     from mmengine.runner import CheckpointLoader, load_checkpoint
+    from mmengine.runner import checkpoint as mmengine_checkpoint
     if entry == 'init_cfg':
         from mmsoft.models import SOFT
         from conftest import SOFT_FIXTURE_ARCH
@@ -187,25 +208,61 @@ def _load_via(entry, path, tmp_path, server=None):
         return runner
     elif entry == 'mmsoft.checkpoint.load':
         return mmsoft_checkpoint.load(path)
+    elif entry == 'open-mmlab_url':
+        _serve_as_open_mmlab('mmsoft_test', server.url(path), tmp_path, monkeypatch)
+        return CheckpointLoader.load_checkpoint('open-mmlab://mmsoft_test')
+    elif entry == 'openmmlab_local':
+        home = tmp_path / 'mmengine_home'
+        _serve_as_open_mmlab('mmsoft_test', osp.relpath(path, home), tmp_path, monkeypatch)
+        return CheckpointLoader.load_checkpoint('openmmlab://mmsoft_test')
+    elif entry == 'torchvision_url':
+        monkeypatch.setattr(mmengine_checkpoint, 'get_torchvision_models',
+                            lambda: {'mmsoft_test': server.url(path)})
+        return CheckpointLoader.load_checkpoint('torchvision://mmsoft_test')
+    elif entry == 'mmcls_url':
+        monkeypatch.setattr(mmengine_checkpoint, 'get_mmcls_models',
+                            lambda: {'mmsoft_test': server.url(path)})
+        return CheckpointLoader.load_checkpoint('mmcls://mmsoft_test')
+    elif entry == 'pavi':
+        monkeypatch.setitem(sys.modules, 'pavi', _fake_pavi(path))
+        return CheckpointLoader.load_checkpoint(f'pavi://mmsoft/{osp.basename(path)}')
+    elif entry == 's3':
+        import mmengine.fileio
+        monkeypatch.setattr(mmengine.fileio, 'get_file_backend', lambda uri, backend_args=None:
+                            types.SimpleNamespace(get=lambda uri: path.read_bytes()))
+        return CheckpointLoader.load_checkpoint(f's3://mmsoft/{osp.basename(path)}')
+    elif entry == 'mmengine.load_from_local':  # mmengine's loader function, called by name
+        return mmengine_checkpoint.load_from_local(str(path), None)
+    elif entry == 'mmengine.load_from_http':
+        return mmengine_checkpoint.load_from_http(server.url(path))
     else:
         raise ValueError(entry)
 
 
 ENTRIES = ['init_cfg', 'load_checkpoint', 'CheckpointLoader', 'CheckpointLoader_url',
            'load_from', 'resume', 'mmsoft.checkpoint.load']
+# the other schemes of mmengine's CheckpointLoader; pavi's modelcloud, the s3 backend and
+# the name tables of torchvision:// and mmcls:// are stand-ins that serve the test's file
+SCHEME_ENTRIES = ['open-mmlab_url', 'openmmlab_local', 'torchvision_url', 'mmcls_url', 'pavi',
+                  's3']
+# mmengine's loader functions called by name, past CheckpointLoader (mmsoft's guard of
+# mmengine.runner.checkpoint's torch.load and load_url)
+DIRECT_ENTRIES = ['mmengine.load_from_local', 'mmengine.load_from_http']
 
 
 # ------------------------------------------------------------------ crafted files
 @pytest.mark.parametrize('zipfile', [True, False], ids=['zip', 'legacy'])
 @pytest.mark.parametrize('payload', list(PAYLOADS))
-@pytest.mark.parametrize('entry', ENTRIES)
-def test_crafted_checkpoint_runs_nothing(entry, payload, zipfile, tmp_path, request):
+@pytest.mark.parametrize('entry', ENTRIES + SCHEME_ENTRIES + DIRECT_ENTRIES)
+def test_crafted_checkpoint_runs_nothing(entry, payload, zipfile, tmp_path, request,
+                                         monkeypatch):
     """Refused through every way mmsoft and mmengine load a checkpoint, with a message
     that says why and how to opt in; the payload never runs."""
-    server = request.getfixturevalue('http_server') if entry.endswith('_url') else None
+    server = request.getfixturevalue('http_server') if entry.endswith(
+        ('_url', '_http')) else None
     path, marker = _crafted(tmp_path, payload, zipfile)
     try:
-        _load_via(entry, path, tmp_path, server)
+        _load_via(entry, path, tmp_path, server, monkeypatch)
         err = None
     except Exception as e:  # noqa: B902  (what went wrong after a payload ran, too)
         err = e
@@ -215,6 +272,57 @@ def test_crafted_checkpoint_runs_nothing(entry, payload, zipfile, tmp_path, requ
     assert 'mmsoft refused to load checkpoint' in str(err)
     assert mmsoft_checkpoint.TRUSTED_ENV in str(err)
     assert 'mmsoft.checkpoint.trust(' in str(err)
+    assert err.reason and err.reason in str(err), 'what weights_only refused'
+
+
+def _fell_back(mmengine_log, capsys):
+    """Whether onedl-mmengine said it retries with weights_only=False (it prints the
+    message: print_log without a logger)."""
+    return any('Falling back to weights_only=False' in m
+               for m in mmengine_log + [capsys.readouterr().out])
+
+
+def test_schemes_read_without_onedl_retry(tmp_path, mmengine_log, capsys):
+    """Through CheckpointLoader a refused file is refused at once: onedl-mmengine's reader
+    (and its weights_only=False retry) is not what reads it."""
+    from mmengine.runner import CheckpointLoader
+    path, marker = _crafted(tmp_path, 'os_system')
+    with pytest.raises(mmsoft_checkpoint.UntrustedCheckpointError) as info:
+        CheckpointLoader.load_checkpoint(str(path))
+    assert not _fell_back(mmengine_log, capsys)
+    assert 'asked torch to unpickle it with weights_only=False' not in str(info.value)
+    assert info.value.source == str(path) and not marker.exists()
+
+
+def test_every_scheme_of_mmengine_is_mmsofts():
+    """Each prefix of CheckpointLoader's table (read, not changed) is served by mmsoft's
+    loader: a scheme mmengine adds later fails here instead of loading unguarded."""
+    from mmengine.runner import CheckpointLoader
+
+    from mmsoft.checkpoint import guard
+    ours = {prefix: loader for prefixes, loader in guard.SCHEMES
+            for prefix in ([prefixes] if isinstance(prefixes, str) else prefixes)}
+    table = dict(CheckpointLoader._schemes)
+    assert set(ours) <= set(table)
+    for prefix, loader in table.items():
+        assert loader is ours.get(prefix), (prefix, loader)
+
+
+def test_onedl_retry_by_name_is_refused_with_the_first_reason(tmp_path, mmengine_log,
+                                                             capsys):
+    """mmengine's load_from_local called by name: onedl-mmengine retries the refused file
+    with weights_only=False inside its ``except``; the refusal of that retry says what
+    weights_only refused the first time (carried by the handled exception)."""
+    from mmengine.runner import checkpoint as mmengine_checkpoint
+    path, marker = _crafted(tmp_path, 'os_system')
+    with pytest.raises(mmsoft_checkpoint.UntrustedCheckpointError) as info:
+        mmengine_checkpoint.load_from_local(str(path), None)
+    assert not marker.exists()
+    err = info.value
+    assert err.source == str(path) and 'system' in err.reason and err.reason in str(err)
+    retried = _fell_back(mmengine_log, capsys)
+    assert retried == (_mmengine_stack() == 'onedl')
+    assert ('asked torch to unpickle it with weights_only=False' in str(err)) == retried
 
 
 @pytest.mark.parametrize('payload', ['getattr_eval', 'history_buffer_chain'])
@@ -252,10 +360,8 @@ def test_raw_getattr_allowed_by_others_is_withdrawn(payload, tmp_path):
 def test_history_buffer_statistics_table_is_not_replaced(tmp_path):
     """HistoryBuffer.__setstate__ writes the pickled ``statistics_methods`` into a table
     shared by the whole process; a checkpoint that changes it is refused and the table
-    restored."""
+    restored. Checked in a fresh process, through HistoryBuffer's public statistics."""
     from mmengine.logging import HistoryBuffer
-    from mmengine.runner import load_checkpoint
-    table = dict(HistoryBuffer._statistics_methods)
     state = {'max_length': 10, '_log_history': np.zeros(1), '_count_history': np.ones(1),
              'statistics_methods': {'mean': argparse.Namespace, 'extra': argparse.Namespace}}
     path = tmp_path / 'table.pth'
@@ -265,22 +371,50 @@ def test_history_buffer_statistics_table_is_not_replaced(tmp_path):
             return (HistoryBuffer, (), state)
 
     torch.save({'state_dict': {}, 'message_hub': {'log_scalars': {'loss': Crafted()}}}, path)
-    try:
-        with pytest.raises(pickle.UnpicklingError, match='statistics methods'):
-            load_checkpoint(_Toy.build(), str(path))
-        assert HistoryBuffer._statistics_methods == table
-    finally:
-        HistoryBuffer._statistics_methods.clear()
-        HistoryBuffer._statistics_methods.update(table)
+    code = ('import pickle, sys, mmsoft\n'
+            'from mmengine.logging import HistoryBuffer\n'
+            'from mmengine.runner import CheckpointLoader\n'
+            'HistoryBuffer()  # the table as a training process has it\n'
+            'try:\n'
+            '    CheckpointLoader.load_checkpoint(sys.argv[1])\n'
+            'except pickle.UnpicklingError as err:\n'
+            '    print("refused", "statistics methods" in str(err))\n'
+            'buffer = HistoryBuffer([1.0, 2.0], [1, 1])\n'
+            'print("mean", buffer.statistics("mean"))\n'
+            'try:\n'
+            '    buffer.statistics("extra")\n'
+            'except KeyError:\n'
+            '    print("extra absent")\n')
+    res = subprocess.run([sys.executable, '-c', code, str(path)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-3:] == ['refused True', 'mean 1.5', 'extra absent'], \
+        res.stdout + res.stderr[-2000:]
+
+
+def test_mmengine_module_adds_nothing_to_torchs_allow_list():
+    """onedl-mmengine wraps its reads in torch.serialization.safe_globals([getattr, ...]),
+    which is process-wide: a crafted file read at the same time in another thread would
+    get builtins.getattr. Inside mmengine's checkpoint module that block adds nothing
+    (its torch.load is mmsoft's, with mmsoft's allow-list)."""
+    from mmengine.runner import checkpoint
+    before = set(torch.serialization.get_safe_globals())
+    with checkpoint.torch.serialization.safe_globals([builtins.getattr, slice]):
+        assert set(torch.serialization.get_safe_globals()) == before
+    assert checkpoint.torch.serialization.get_safe_globals is \
+        torch.serialization.get_safe_globals
 
 
 def test_guard_is_idempotent_and_keeps_the_rest_of_torch():
     from mmengine.runner import checkpoint
+    load_url = checkpoint.load_url
     mmsoft_checkpoint.guard_mmengine()
     mmsoft_checkpoint.guard_mmengine()
-    assert checkpoint.torch.__dict__['_mmsoft_real_torch'] is torch
+    assert checkpoint.load_url is load_url  # wrapped once
+    assert checkpoint.load_url.__wrapped__ is torch.hub.load_state_dict_from_url
+    assert checkpoint.torch.load is not torch.load
     assert checkpoint.torch.save is torch.save and checkpoint.torch.Tensor is torch.Tensor
-    assert not hasattr(checkpoint.load_url.__wrapped__, '_mmsoft_guarded')
+    assert checkpoint.torch.distributed is torch.distributed
 
 
 # ------------------------------------------------------------------ legitimate files
@@ -307,12 +441,14 @@ def timm_checkpoint(tmp_path_factory):
     return path
 
 
-def test_runner_checkpoint_loads(runner_checkpoint, tmp_path, http_server):
+def test_runner_checkpoint_loads(runner_checkpoint, tmp_path, http_server, monkeypatch):
     from mmengine.logging import HistoryBuffer
     os.link(runner_checkpoint, tmp_path / 'real.pth')  # served by http_server
-    for entry in ENTRIES[1:]:
+    entries = ENTRIES[1:] + [e for e in SCHEME_ENTRIES + DIRECT_ENTRIES if e != 'mmcls_url']
+    for entry in entries:
         path = tmp_path / 'real.pth'
-        loaded = _load_via(entry, path, tmp_path / entry, http_server)
+        (tmp_path / entry).mkdir()
+        loaded = _load_via(entry, path, tmp_path / entry, http_server, monkeypatch)
         if entry == 'resume':
             assert loaded.iter == 2
         elif loaded is not None:
@@ -343,6 +479,16 @@ def test_timm_checkpoint_loads(timm_checkpoint, tmp_path, http_server):
     for entry in ['CheckpointLoader', 'CheckpointLoader_url', 'mmsoft.checkpoint.load']:
         loaded = _load_via(entry, tmp_path / 'timm.pth', tmp_path, http_server)
         assert loaded['args'].model == 'xcit_tiny' and 'linear.weight' in loaded['model']
+
+
+def test_mmcls_scheme_keeps_the_backbone(tmp_path, http_server, monkeypatch):
+    """``mmcls://`` returns the classifier's backbone weights without their prefix, as
+    mmengine's own loader of that scheme does."""
+    path = tmp_path / 'classifier.pth'
+    torch.save({'state_dict': {'backbone.conv.weight': torch.ones(1),
+                               'head.fc.weight': torch.zeros(1)}, 'meta': {}}, path)
+    loaded = _load_via('mmcls_url', path, tmp_path, http_server, monkeypatch)
+    assert list(loaded) == ['state_dict'] and list(loaded['state_dict']) == ['conv.weight']
 
 
 @pytest.mark.parametrize('name', ['soft_public_checkpoint.pth', 'sima_public_checkpoint.pth',
@@ -394,6 +540,121 @@ def test_trust_needs_paths():
     with pytest.raises(TypeError):
         with mmsoft_checkpoint.trust():
             pass
+
+
+@pytest.mark.parametrize('entry', ['pavi', 's3'])
+def test_remote_file_is_trusted_by_its_name(entry, tmp_path, monkeypatch):
+    """A ``pavi://`` or ``s3://`` checkpoint is read from a temporary copy or from memory;
+    the user trusts it by the name they load it with."""
+    from mmengine.runner import CheckpointLoader
+    path = _benign_unlisted(tmp_path)
+    name = f'{entry}://mmsoft/{osp.basename(path)}'
+    with pytest.raises(mmsoft_checkpoint.UntrustedCheckpointError, match=re.escape(
+            f'{mmsoft_checkpoint.TRUSTED_ENV}={name}')):
+        _load_via(entry, path, tmp_path, monkeypatch=monkeypatch)
+    with mmsoft_checkpoint.trust(name):
+        loaded = CheckpointLoader.load_checkpoint(name)
+    assert loaded['meta']['ratio'] == fractions.Fraction(1, 3)
+
+
+# ------------------------------------------------------------------- threads
+def _in_thread(target, *args):
+    """Run ``target(*args)`` in a new thread; the thread and a list that receives what it
+    returned or raised."""
+    result = []
+
+    def run():
+        try:
+            result.append(target(*args))
+        except Exception as e:  # noqa: B902  (the test looks at it)
+            result.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _hold_trust(path, entered, release):
+    with mmsoft_checkpoint.trust(path):
+        entered.set()
+        assert release.wait(30)
+
+
+def test_trust_holds_for_every_thread_while_its_block_is_open(tmp_path):
+    """A trust() grant is process-wide, like MMSOFT_TRUSTED_CHECKPOINTS: a file trusted in
+    one thread's open block loads in full in another thread; once the block closes it is
+    refused there again."""
+    from mmengine.runner import CheckpointLoader
+    path = _benign_unlisted(tmp_path)
+    entered, release = threading.Event(), threading.Event()
+    holder, held = _in_thread(_hold_trust, path, entered, release)
+    try:
+        assert entered.wait(30)
+        thread, result = _in_thread(CheckpointLoader.load_checkpoint, str(path))
+        thread.join(60)
+        assert result[0]['meta']['ratio'] == fractions.Fraction(1, 3), result
+    finally:
+        release.set()
+        holder.join(30)
+    assert held == [None]
+    thread, result = _in_thread(CheckpointLoader.load_checkpoint, str(path))
+    thread.join(60)
+    assert isinstance(result[0], mmsoft_checkpoint.UntrustedCheckpointError), result
+
+
+def test_overlapping_trust_blocks_of_two_threads(tmp_path):
+    """Two threads trust the same file in blocks that overlap: it stays trusted until the
+    last of them closes, whichever opened first."""
+    path = _benign_unlisted(tmp_path)
+    events = [(threading.Event(), threading.Event()) for _ in range(2)]
+    threads = []
+    try:
+        for entered, release in events:
+            threads.append(_in_thread(_hold_trust, path, entered, release)[0])
+            assert entered.wait(30)
+        assert mmsoft_checkpoint.is_trusted(path)
+        events[0][1].set()  # the first block closes
+        threads[0].join(30)
+        assert mmsoft_checkpoint.is_trusted(path)
+        assert mmsoft_checkpoint.load(path)['meta']['ratio'] == fractions.Fraction(1, 3)
+    finally:
+        for _, release in events:
+            release.set()
+        for thread in threads:
+            thread.join(30)
+    assert not mmsoft_checkpoint.is_trusted(path)
+
+
+def test_concurrent_refusals_stay_with_their_own_call(tmp_path):
+    """Threads loading at the same time, some files refused and one trusted: each refusal
+    names its own file and reason, nothing of another thread's; the trusted file loads."""
+    from mmengine.runner import CheckpointLoader
+    from mmengine.runner import checkpoint as mmengine_checkpoint
+    crafted = [_crafted(tmp_path, payload) for payload in PAYLOADS for _ in range(2)]
+    trusted = _benign_unlisted(tmp_path)
+    loaders = [CheckpointLoader.load_checkpoint,  # through mmsoft's scheme
+               lambda f: mmengine_checkpoint.load_from_local(f, None)]  # mmengine's, by name
+    jobs = [(loaders[i % 2], str(path)) for i, (path, _) in enumerate(crafted)]
+    jobs.append((loaders[0], str(trusted)))
+    start = threading.Barrier(len(jobs))
+
+    def job(load, f):
+        start.wait(30)
+        return load(f)
+
+    with mmsoft_checkpoint.trust(trusted):
+        runs = [_in_thread(job, load, f) for load, f in jobs]
+        for thread, _ in runs:
+            thread.join(120)
+    for (path, marker), (_, result) in zip(crafted, runs):
+        err = result[0]
+        assert isinstance(err, mmsoft_checkpoint.UntrustedCheckpointError), err
+        assert err.source == str(path) and repr(str(path)) in str(err)
+        assert err.reason and err.reason in str(err)
+        others = [str(p) for p, _ in crafted if p != path] + [str(trusted)]
+        assert not any(other in str(err) for other in others)
+        assert not marker.exists()
+    assert runs[-1][1][0]['meta']['ratio'] == fractions.Fraction(1, 3)
 
 
 # ------------------------------------------------------------- onedl-mmengine overlay
