@@ -32,11 +32,11 @@ PATHS_AS_DATA = {'tests/test_docs.py'}
 def citations(path):
     """(line number, kind, text) for every citation in ``path`` that has no target."""
     here = __file__ if osp.isabs(__file__) else osp.join(ROOT, __file__)
+    if osp.samefile(osp.join(ROOT, path), here):
+        return []  # this file names the patterns it looks for
     text = open(osp.join(ROOT, path), encoding='utf-8').read()
     found = []
     for number, line in enumerate(text.split('\n'), 1):
-        if osp.samefile(osp.join(ROOT, path), here):
-            break  # this file names the patterns it looks for
         for m in ABSENT_DOCUMENT.finditer(line):
             found.append((number, 'a document not in the repository', m.group(0)))
         for m in REPO_PATH.finditer(line):

@@ -119,6 +119,14 @@ class AttentionPlan:
             if max_m is None or m <= max_m:
                 return method
 
+    def resolve(self, pinv_method, m):
+        """The concrete method a layer's ``pinv_method`` means for m landmarks under this
+        plan: 'auto' is ``pinv_method(m)``, any other of ``PINV_METHODS`` itself."""
+        if pinv_method not in PINV_METHODS:
+            raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got '
+                             f'{pinv_method!r}')
+        return self.pinv_method(m) if pinv_method == 'auto' else pinv_method
+
     def pinv_options(self):
         """How the iterate is computed besides its method, as ``newton_pinv_apply``'s
         keyword arguments."""
@@ -261,6 +269,4 @@ def resolve_pinv_method(method, m, device_type='cpu'):
     """The concrete method a layer's ``pinv_method`` means for m landmarks on a device type:
     'auto' is the plan in force there (``plan_for(device_type).pinv_method(m)``), any
     other of ``PINV_METHODS`` itself."""
-    if method not in PINV_METHODS:
-        raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got {method!r}')
-    return plan_for(device_type).pinv_method(m) if method == 'auto' else method
+    return plan_for(device_type).resolve(method, m)

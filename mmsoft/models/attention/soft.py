@@ -18,7 +18,7 @@ import torch
 
 from .dtypes import compute_dtype, device_type
 from .newton import newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply
-from .plan import PINV_METHODS, plan_for
+from .plan import plan_for
 
 __all__ = [
     'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'official_order_attention',
@@ -209,17 +209,14 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     Returns:
         Tensor: (..., N, d) in q's dtype (the autocast dtype under autocast).
     """
-    if pinv_method not in PINV_METHODS:
-        raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got {pinv_method!r}')
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
     if plan is None:
         plan = plan_for(q.device.type)
+    method = plan.resolve(pinv_method, landmarks.shape[-2])  # checked in either order
     if plan.order == 'official':
         return official_order_attention(q, landmarks, v, iters, normalize)
     device = device_type(q)
-    m = landmarks.shape[-2]
-    method = plan.pinv_method(m) if pinv_method == 'auto' else pinv_method
     # Under autocast the N-sized products run in the autocast dtype, as plain matmuls
     # would; the Function below sees concrete dtypes and runs with autocast off.
     cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
