@@ -1,21 +1,29 @@
 """Train a detector, segmentor or classifier with an mmsoft backbone.
 
 The codebase (mmdet, mmseg or mmpretrain) is chosen from the config's ``default_scope``, so
-one tool serves every config under configs/. Same options as the codebases' own
-tools/train.py; `mim train mmsoft CONFIG` runs this file.
+one tool serves every config under configs/. Same options as mmdet's and mmseg's own
+tools/train.py (mmseg's bare --resume included); `mim train mmsoft CONFIG` runs this file.
+An option the config cannot serve stops the tool with a message that names what the
+config lacks.
 """
 from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
+
+
+class OptionError(ValueError):
+    """An option the config cannot serve; main() reports it without a traceback."""
 
 
 def build_parser():
     """The argument parser of this tool."""
     p = runner_parser('Train a model with an mmsoft backbone', 'train config file path')
-    p.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    p.add_argument('--amp', action='store_true', default=False,
+                   help='automatic mixed precision (AmpOptimWrapper, dynamic loss scale)')
     p.add_argument('--auto-scale-lr', action='store_true',
-                   help='scale the learning rate by (total batch / base_batch_size)')
+                   help='scale the learning rate by (total batch / '
+                   'auto_scale_lr.base_batch_size)')
     p.add_argument('--resume', nargs='?', type=str, const='auto',
-                   help='resume from the given checkpoint, or from the latest one in '
-                   'work_dir')
+                   help='resume from the given checkpoint, or without one from the latest '
+                   'checkpoint in work_dir')
     return p
 
 
@@ -28,12 +36,20 @@ def parse_args(argv=None):
 def build_cfg(args):
     cfg = load_config(args)
     if args.amp:
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+        wrapper = cfg.get('optim_wrapper')
+        if wrapper is None:
+            raise OptionError('--amp needs an optim_wrapper in the config')
+        kind = wrapper.get('type', 'OptimWrapper').split('.')[-1]  # mmengine.OptimWrapper
+        if kind not in ('OptimWrapper', 'AmpOptimWrapper'):
+            # as mmseg's tool: only the plain wrapper has a mixed-precision twin
+            raise OptionError(f'--amp replaces optim_wrapper.type OptimWrapper by '
+                              f'AmpOptimWrapper, and the config\'s is {kind}')
+        wrapper.type = 'AmpOptimWrapper'
+        wrapper.setdefault('loss_scale', 'dynamic')
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
-            raise ValueError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the '
-                             'config')
+            raise OptionError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the '
+                              'config: e.g. auto_scale_lr = dict(base_batch_size=16)')
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         cfg.resume = True
@@ -45,7 +61,10 @@ def build_cfg(args):
 
 
 def main(argv=None):
-    cfg = build_cfg(parse_args(argv))
+    try:
+        cfg = build_cfg(parse_args(argv))
+    except OptionError as e:
+        raise SystemExit(f'tools/train.py: error: {e}') from None
     build_runner(cfg).train()
 
 
