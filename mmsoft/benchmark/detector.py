@@ -1,8 +1,9 @@
 """What a detection user sees: one training iteration (data → backbone → neck → head →
 losses → backward → optimizer step, batch ``--train-batch``) and one test forward per
-image of RetinaNet and Mask R-CNN from the shipped SOFT-S configs, and of the same
-configs with Swin-T as the backbone, at ``--detector-size``: the ratio of mmengine's
-``time:`` column (needs mmcv's compiled ops).
+image of RetinaNet and Mask R-CNN from the shipped SOFT-S configs (the paper's, and the
+fast mode ``landmark_grid=16``), and of the paper's configs with Swin-T as the backbone,
+at ``--detector-size``: the ratio of mmengine's ``time:`` column (needs mmcv's compiled
+ops).
 """
 import logging
 import time
@@ -12,27 +13,38 @@ import torch
 
 from .common import fmt, parse_size, repo_file, sync
 
-# The shipped SOFT-S detector configs (relative to the repository root, or to mmsoft/.mim
-# in an installed package); Swin-T replaces only the backbone (and the neck's input
-# widths), so neck, head, losses and optimizer are the same.
-DETECTOR_CONFIGS = {'RetinaNet': 'configs/soft/retinanet_soft-s_fpn_1x_coco.py',
-                    'Mask R-CNN': 'configs/soft/mask-rcnn_soft-s_fpn_1x_coco.py'}
+# The shipped SOFT-S detector configs per detector and backbone label (relative to the
+# repository root, or to mmsoft/.mim in an installed package): 'SOFT-S' the paper's
+# (landmarks growing with the image), 'SOFT-S [grid16]' the same config with the fast mode
+# landmark_grid=16 (at most 16×16 landmarks per head). Swin-T replaces only the backbone of
+# the 'SOFT-S' config (and the neck's input widths), so neck, head, losses and optimizer
+# are the same for all three. The labels key the rows of the JSON ('RetinaNet SOFT-S
+# [grid16]'), as the other sections label SOFT-S's modes.
+DETECTOR_CONFIGS = {
+    'RetinaNet': {'SOFT-S': 'configs/soft/retinanet_soft-s_fpn_1x_coco.py',
+                  'SOFT-S [grid16]': 'configs/soft/retinanet_soft-s-grid16_fpn_1x_coco.py'},
+    'Mask R-CNN': {'SOFT-S': 'configs/soft/mask-rcnn_soft-s_fpn_1x_coco.py',
+                   'SOFT-S [grid16]': 'configs/soft/mask-rcnn_soft-s-grid16_fpn_1x_coco.py'},
+}
+DETECTOR_BACKBONES = ('SOFT-S', 'SOFT-S [grid16]', 'Swin-T')  # rows per detector, in order
 SWIN_T_WIDTHS = (96, 192, 384, 768)
 
 
 def detector_config(detector, backbone):
     """The config of ``detector`` ('RetinaNet', 'Mask R-CNN') with ``backbone`` ('SOFT-S'
-    as shipped, or 'Swin-T': mmdet's SwinTransformer at the same output stages and drop
-    path rate, the neck's ``in_channels`` set to its widths)."""
+    or 'SOFT-S [grid16]' as shipped, or 'Swin-T': mmdet's SwinTransformer at the 'SOFT-S'
+    config's output stages and drop path rate, the neck's ``in_channels`` set to its
+    widths)."""
     from mmengine.config import Config
-    cfg = Config.fromfile(repo_file(DETECTOR_CONFIGS[detector], mim=True))
+    if backbone not in DETECTOR_BACKBONES:
+        raise ValueError(f'backbone must be one of {DETECTOR_BACKBONES}, got {backbone!r}')
+    configs = DETECTOR_CONFIGS[detector]
+    cfg = Config.fromfile(repo_file(configs.get(backbone, configs['SOFT-S']), mim=True))
     if backbone == 'Swin-T':
         soft = cfg.model.backbone
         cfg.model.backbone = dict(type='SwinTransformer', out_indices=soft.out_indices,
                                   drop_path_rate=soft.drop_path_rate, convert_weights=False)
         cfg.model.neck.in_channels = [SWIN_T_WIDTHS[i] for i in soft.out_indices]
-    elif backbone != 'SOFT-S':
-        raise ValueError(f"backbone must be 'SOFT-S' or 'Swin-T', got {backbone!r}")
     return cfg
 
 
@@ -84,8 +96,9 @@ def _detector_step(model, optim_wrapper, data, device, train):
 def section_detector(args, out):
     """One training iteration (data → backbone → neck → head → losses → backward →
     optimizer step) at ``--train-batch`` images and one test-time forward per image, of
-    RetinaNet and Mask R-CNN with SOFT-S and with Swin-T, all in turn for ``--rounds``
-    rounds (medians); the ratio is what mmengine's ``time:`` column shows."""
+    RetinaNet and Mask R-CNN with SOFT-S (the paper's and ``landmark_grid=16``) and with
+    Swin-T, all in turn for ``--rounds`` rounds (medians); each SOFT-S row's ratio to the
+    same detector with Swin-T is what mmengine's ``time:`` column shows."""
     from mmengine.logging import MMLogger
     from mmengine.optim import build_optim_wrapper
 
@@ -98,7 +111,7 @@ def section_detector(args, out):
     logger.setLevel(logging.WARNING)  # not a line per parameter group
     try:
         for det in DETECTOR_CONFIGS:
-            for backbone in ('SOFT-S', 'Swin-T'):
+            for backbone in DETECTOR_BACKBONES:
                 cfg = detector_config(det, backbone)
                 torch.manual_seed(0)
                 model = init_model(cfg).to(args.device)
@@ -127,12 +140,13 @@ def section_detector(args, out):
     rows = {}
     lines = [f'Images of {args.detector_size} (H×W, as resized by the pipeline; padded to '
              f'multiples of 32), {args.device}; training iteration at batch {b} with the '
-             'optimizer step, test forward at batch 1.', '',
+             'optimizer step, test forward at batch 1. SOFT-S [grid16]: the fast mode '
+             'landmark_grid=16 (at most 16×16 landmarks per head).', '',
              '| detector | backbone | train iteration | vs Swin-T | test forward | vs Swin-T |'
              + (' peak train memory | vs Swin-T |' if peaks else ''),
              '|---|---|---|---|---|---|' + ('---|---|' if peaks else '')]
     for det in DETECTOR_CONFIGS:
-        for backbone in ('SOFT-S', 'Swin-T'):
+        for backbone in DETECTOR_BACKBONES:
             r = {step: med[det, backbone, step] for step in ('train', 'test')}
             base = {step: med[det, 'Swin-T', step] for step in ('train', 'test')}
             line = (f'| {det} | {backbone} | {fmt(r["train"])} | '

@@ -32,6 +32,10 @@ PAPER_PARAMS = {
     'sparse-rcnn_soft-s_fpn_300-proposals_crop-ms-480-800-3x_coco.py': 106,
     'upernet_soft-s_8xb2-160k_ade20k-512x512.py': 54,
     'upernet_soft-m_8xb2-160k_ade20k-512x512.py': 76,
+    # the paper's models with landmark_grid=16, which adds or removes no parameter
+    'retinanet_soft-s-grid16_fpn_1x_coco.py': 34,
+    'mask-rcnn_soft-s-grid16_fpn_1x_coco.py': 44,
+    'upernet_soft-s-grid16_8xb2-160k_ade20k-512x512.py': 54,
     'mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py': 44.3,
     'soft-tiny_8xb128_in1k.py': 13,
     'soft-small_8xb128_in1k.py': 24,
@@ -118,6 +122,50 @@ def test_config_builds_trains_and_predicts(path):
         batch = model.data_preprocessor(data, False)
         preds = model(**batch, mode='predict')
     assert len(preds) == 2
+
+
+# The fast-mode configs: the paper's SOFT-S config beside them with landmark_grid=16 only.
+GRID16 = {
+    'retinanet_soft-s-grid16_fpn_1x_coco.py': 'retinanet_soft-s_fpn_1x_coco.py',
+    'mask-rcnn_soft-s-grid16_fpn_1x_coco.py': 'mask-rcnn_soft-s_fpn_1x_coco.py',
+    'upernet_soft-s-grid16_8xb2-160k_ade20k-512x512.py':
+        'upernet_soft-s_8xb2-160k_ade20k-512x512.py',
+}
+
+
+def test_grid16_configs_are_listed():
+    shipped = {osp.basename(p) for p in CONFIGS if 'grid16' in p}
+    assert shipped == set(GRID16)
+
+
+@pytest.mark.parametrize('grid,exact', GRID16.items(), ids=list(GRID16))
+def test_grid16_config_bounds_only_the_landmarks(grid, exact):
+    """The config is its exact sibling but for landmark_grid=16; at 800×1344 each SOFT
+    layer of stages 1-3 attends through 16×16 landmarks instead of the paper's one per
+    r×r window of its tokens (⌊200/8⌋·⌊336/8⌋ = 25·42, also at strides 8 and 16 with
+    r = 4 and 2)."""
+    from mmsoft.apis import init_backbone
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    grid_cfg, exact_cfg = (Config.fromfile(osp.join(ROOT, 'configs', 'soft', name))
+                           for name in (grid, exact))
+    assert grid_cfg.model.backbone.pop('landmark_grid') == 16
+    assert grid_cfg.to_dict() == exact_cfg.to_dict()
+
+    counts = {}
+    for name in (grid, exact):
+        backbone = init_backbone(config=osp.join(ROOT, 'configs', 'soft', name))
+        layers = [m for m in backbone.modules() if isinstance(m, SoftKernelAttention)]
+        assert sorted({m.sr_ratio for m in layers}) == [2, 4, 8]
+        m = set()
+        for layer in layers:
+            stride = {8: 4, 4: 8, 2: 16}[layer.sr_ratio]
+            hw = (800 // stride, 1344 // stride)
+            d = layer.Qlandmark_op.in_channels
+            q = torch.randn(1, 1, hw[0] * hw[1], d)
+            with torch.no_grad():
+                m.add(layer.landmarks(q, hw).shape[-2])
+        counts[name] = m
+    assert counts == {grid: {16 * 16}, exact: {25 * 42}}
 
 
 # ---------------------------------------------------------------- one source per block

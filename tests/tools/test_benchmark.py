@@ -249,15 +249,26 @@ def test_pinv_columns_compute_the_same_iterate():
 
 def test_detector_section(tmp_path, capsys):
     """--sections detector times a training iteration and a test forward of RetinaNet and
-    Mask R-CNN with SOFT-S and with Swin-T, built from the shipped configs."""
+    Mask R-CNN with SOFT-S (the paper's and landmark_grid=16) and with Swin-T, built from
+    the shipped configs; every row's ratio is to the same detector with Swin-T."""
     out = tmp_path / 'd.json'
     benchmark.main(['--device', 'cpu', '--sections', 'detector', '--detector-size', '96x128',
                     '--repeat', '0', '--train-batch', '1', '--json', str(out)])
     rows, printed = json.loads(out.read_text())['detector'], capsys.readouterr().out
-    assert set(rows) == {f'{d} {b}' for d in ('RetinaNet', 'Mask R-CNN')
-                         for b in ('SOFT-S', 'Swin-T')}
+    labels = ('SOFT-S', 'SOFT-S [grid16]', 'Swin-T')
+    assert list(rows) == [f'{d} {b}' for d in ('RetinaNet', 'Mask R-CNN') for b in labels]
+    assert all(set(r) == {'train', 'test'} for r in rows.values())  # no peaks off CUDA
     assert all(r['train'] > 0 and r['test'] > 0 for r in rows.values())
-    assert '| RetinaNet | SOFT-S |' in printed and 'Images of 96x128' in printed
+    assert 'Images of 96x128' in printed
+    table = {tuple(c.strip() for c in line.strip('|').split('|')): line
+             for line in printed.splitlines() if line.startswith('| ')}
+    for d in ('RetinaNet', 'Mask R-CNN'):
+        swin = rows[f'{d} Swin-T']
+        for b in labels:
+            row = next(k for k in table if k[:2] == (d, b))
+            r = rows[f'{d} {b}']
+            assert row[3] == f"{r['train'] / swin['train']:.2f}×", row
+            assert row[5] == f"{r['test'] / swin['test']:.2f}×", row
 
 
 def test_detector_configs_differ_only_in_the_backbone():
@@ -268,7 +279,7 @@ def test_detector_configs_differ_only_in_the_backbone():
 
     from mmsoft.apis import init_model
     from mmsoft.benchmark import detector
-    for det in detector.DETECTOR_CONFIGS:
+    for det in ('RetinaNet', 'Mask R-CNN'):
         soft, swin = (detector.detector_config(det, b) for b in ('SOFT-S', 'Swin-T'))
         assert swin.model.backbone.type == 'SwinTransformer'
         assert swin.model.backbone.out_indices == soft.model.backbone.out_indices
@@ -292,6 +303,23 @@ def test_detector_configs_differ_only_in_the_backbone():
     changed = [k for k, p in model.named_parameters() if not torch.equal(p, before[k])]
     assert any(k.startswith('backbone.') for k in changed)
     assert any(k.startswith('roi_head.mask_head.') for k in changed)
+
+
+@pytest.mark.parametrize('det,shipped', [
+    ('RetinaNet', 'configs/soft/retinanet_soft-s-grid16_fpn_1x_coco.py'),
+    ('Mask R-CNN', 'configs/soft/mask-rcnn_soft-s-grid16_fpn_1x_coco.py')])
+def test_detector_grid16_rows_time_the_shipped_grid16_configs(det, shipped):
+    """The 'SOFT-S [grid16]' rows are the shipped grid16 config, which is the paper's
+    SOFT-S config with landmark_grid=16 and nothing else changed."""
+    from mmengine.config import Config
+
+    from mmsoft.benchmark import detector
+    grid, soft = (detector.detector_config(det, b) for b in ('SOFT-S [grid16]', 'SOFT-S'))
+    assert grid.to_dict() == Config.fromfile(osp.join(ROOT, shipped)).to_dict()
+    assert grid.model.backbone.landmark_grid == 16
+    assert 'landmark_grid' not in soft.model.backbone
+    grid.model.backbone.pop('landmark_grid')
+    assert grid.to_dict() == soft.to_dict()
 
 
 def test_each_compiled_measurement_is_a_static_graph(monkeypatch):

@@ -37,8 +37,9 @@ Sections (``--sections``, default all):
            meta device with CUDA's plan (no GPU needed): eager mode's host work per step
   detector one training iteration (data → backbone → neck → head → losses → backward →
            optimizer step, batch ``--train-batch``) and one test forward per image of
-           RetinaNet and Mask R-CNN from the shipped SOFT-S configs, and of the same
-           configs with Swin-T as the backbone, at ``--detector-size``: the ratio a user
+           RetinaNet and Mask R-CNN from the shipped SOFT-S configs (the exact ones and
+           the fast mode's ``*_soft-s-grid16_fpn_1x_coco.py``), and of the exact configs
+           with Swin-T as the backbone, at ``--detector-size``: the ratio a user
            sees in mmengine's ``time:`` column (needs mmcv's compiled ops)
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the

@@ -38,7 +38,7 @@ import torch
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))  # configs/ beside tools/
 # Measured on a 2-core CPU (CPU seconds: SOFT-T RetinaNet 127, SOFT-L Mask R-CNN 492,
 # XCiT-SimA-S12 Mask R-CNN 33, at 800×1280).
-ALL_CONFIGS_TIME = ('--all-configs (24 configs) at 800×1280 takes about an hour on a 2-core '
+ALL_CONFIGS_TIME = ('--all-configs (27 configs) at 800×1280 takes about an hour on a 2-core '
                     'CPU: 2 (SOFT-T) to 8 (SOFT-L) minutes per SOFT detection or '
                     'segmentation config, about half a minute per XCiT-SimA config, seconds '
                     'per ImageNet config; up to 3 GB of memory')
