@@ -45,9 +45,10 @@ def add_model_args(parser, backbone='SOFT:small'):
 
 def backbone_from_args(args):
     """The backbone the options name, and the weights tag for titles ('random weights'
-    or the checkpoint's file name)."""
+    or the checkpoint's file name). mmengine's INFO lines show, among them the one on
+    what the checkpoint filled and what it did not."""
     checkpoint = resolve_checkpoint(args.checkpoint)
-    model = init_backbone(args.backbone, args.config, checkpoint)
+    model = init_backbone(args.backbone, args.config, checkpoint, log_level='INFO')
     if checkpoint is None:
         return model, warn_random_weights(model_name(args))
     return model, osp.basename(checkpoint)

@@ -8,7 +8,10 @@
 """
 import glob
 import importlib
+import logging
 import os.path as osp
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -38,11 +41,60 @@ SAMPLES = {
 }
 
 
-def init_backbone(backbone=None, config=None, checkpoint=None):
+class _BelowLevelInThread(logging.Filter):
+    """Drops the records below ``level`` logged by the thread that made the filter."""
+
+    def __init__(self, level):
+        super().__init__()
+        self.level = level
+        self.thread = threading.get_ident()
+
+    def filter(self, record):
+        # record.thread is None where logging.logThreads is off: then no thread is exempt
+        return record.levelno >= self.level or record.thread not in (self.thread, None)
+
+
+def _as_level(log_level):
+    """A level number from a name ('INFO', 'warning') or a number (``logging.INFO``)."""
+    level = log_level
+    if isinstance(level, str):
+        level = logging.getLevelName(level.upper())  # the number for a known name
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise ValueError(f'log_level must be a logging level such as \'WARNING\' or '
+                         f'logging.INFO, got {log_level!r}')
+    return level
+
+
+@contextmanager
+def _mmengine_log_level(log_level):
+    """While the block runs, mmengine's current logger drops what this thread logs below
+    ``log_level``; other threads, and everything after the block, log as before (nothing
+    of the logger's own configuration changes: a filter is added and removed)."""
+    from mmengine.logging import MMLogger
+    quiet = _BelowLevelInThread(_as_level(log_level))
+    logger = MMLogger.get_current_instance()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def init_backbone(backbone=None, config=None, checkpoint=None, log_level='WARNING'):
     """A backbone in eval mode from ``'SOFT:small'`` / ``'XCiTSimA:s12'`` or from a
     config's ``model.backbone``, optionally loading ``checkpoint`` (any format the
     backbones load: official, mmengine whole-model, converted; a work dir: its last
-    checkpoint)."""
+    checkpoint).
+
+    mmengine's messages below ``log_level`` (a name such as ``'INFO'`` or a
+    ``logging`` level) are not shown while it runs; ``log_level='INFO'`` shows the line
+    that says which checkpoint keys were loaded and ignored. Warnings and errors show
+    either way."""
+    with _mmengine_log_level(log_level):
+        return _init_backbone(backbone, config, checkpoint)
+
+
+def _init_backbone(backbone, config, checkpoint):
     from mmengine.config import Config
 
     from ..models.utils import Backbone
@@ -75,14 +127,25 @@ def init_backbone(backbone=None, config=None, checkpoint=None):
     return model.eval()
 
 
-def init_model(cfg, checkpoint=None):
+def init_model(cfg, checkpoint=None, log_level='WARNING'):
     """The detector / segmentor / classifier of a config (path or ``Config``), built as
     mmengine's Runner does (codebase scope, top-level ``data_preprocessor``), without the
     backbone's ImageNet checkpoint, with SyncBN reverted to BN, after ``init_weights()``;
     then ``checkpoint`` loaded, if given (a file, a URL, or a work dir: its last
     checkpoint).
-    In train mode, like a freshly built model; call ``.eval()`` for inference."""
+    In train mode, like a freshly built model; call ``.eval()`` for inference.
+
+    mmengine's messages below ``log_level`` (a name such as ``'INFO'`` or a ``logging``
+    level) are not shown while it runs: at INFO, ``init_weights()`` reports how every
+    parameter was initialized (hundreds of lines), and the loading reports the file.
+    Warnings (a checkpoint's missing or unexpected keys) and errors show either way; the
+    logger is left as it was."""
     import mmsoft  # noqa: F401  (registers the backbones, guards checkpoint loading)
+    with _mmengine_log_level(log_level):
+        return _init_model(cfg, checkpoint)
+
+
+def _init_model(cfg, checkpoint):
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope

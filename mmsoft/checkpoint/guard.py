@@ -62,7 +62,13 @@ def load_from_local(filename, map_location=None):
     """A local checkpoint file (``~`` expanded), read by :func:`load`."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
-        raise FileNotFoundError(f'{filename} can not be found.')
+        hint = ''
+        if osp.basename(osp.dirname(osp.abspath(filename))) == 'checkpoints':
+            # where the shipped configs look for the official ImageNet weights
+            hint = (' mmsoft ships no weights: the configs expect the official ImageNet '
+                    'weights in checkpoints/ (how to get them: docs/en/faq.md, "where are '
+                    'the weights?"), or set model.backbone.init_cfg.checkpoint.')
+        raise FileNotFoundError(f'{filename} can not be found.{hint}')
     return load(filename, map_location=map_location)
 
 

@@ -1,4 +1,6 @@
 """mmsoft.apis: a backbone or a whole model from a config and a checkpoint."""
+import argparse
+import logging
 import os.path as osp
 
 import pytest
@@ -6,6 +8,39 @@ import torch
 from conftest import ROOT, SOFT_FIXTURE_ARCH, data_path, rel_err
 
 MINI_DET = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
+
+
+class _Collect(logging.Handler):
+    """Keeps every record that mmengine's logger passes to its handlers."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def mmengine_records():
+    """(logger, records): what mmengine's current logger hands its handlers (its stream
+    handler prints exactly these at INFO and above) while the test runs."""
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    handler = _Collect()
+    logger.addHandler(handler)
+    yield logger, handler.records
+    logger.removeHandler(handler)
+
+
+def _levels(records):
+    return {logging.getLevelName(r.levelno) for r in records}
+
+
+def _fixture_backbone_config(tmp_path):
+    cfg = tmp_path / 'soft.py'
+    cfg.write_text(f"model = dict(backbone=dict(type='mmsoft.SOFT', arch={SOFT_FIXTURE_ARCH!r}))\n")
+    return str(cfg)
 
 
 def test_init_model_loads_a_work_dirs_last_checkpoint(tmp_path):
@@ -44,3 +79,64 @@ def test_init_backbone_from_a_spec_or_a_config(tmp_path):
     (tmp_path / 'resnet.py').write_text("model = dict(backbone=dict(type='ResNet', depth=50))\n")
     with pytest.raises(ValueError, match="'ResNet', not an mmsoft backbone"):
         init_backbone(config=str(tmp_path / 'resnet.py'))
+
+
+def test_init_model_logs_warnings_only_unless_asked(tmp_path, mmengine_records):
+    """mmengine logs one INFO record per initialized parameter (hundreds of lines on the
+    console); init_model keeps them back unless log_level asks for them, still passes
+    warnings on, and leaves the logger as it found it."""
+    from mmengine.logging import print_log
+
+    from mmsoft.apis import init_model
+    logger, records = mmengine_records
+    level, filters = logger.level, list(logger.filters)
+
+    model = init_model(MINI_DET)
+    assert not [r for r in records if r.levelno < logging.WARNING], _levels(records)
+
+    # a checkpoint with a key the model does not have: mmengine warns, and that shows
+    state = dict(model.state_dict(), not_a_parameter=torch.zeros(1))
+    torch.save({'state_dict': state, 'meta': {}}, tmp_path / 'extra.pth')
+    records.clear()
+    init_model(MINI_DET, checkpoint=str(tmp_path / 'extra.pth'))
+    assert any(r.levelno == logging.WARNING and 'not_a_parameter' in r.getMessage()
+               for r in records)
+    assert not [r for r in records if r.levelno < logging.WARNING], _levels(records)
+
+    records.clear()
+    init_model(MINI_DET, log_level='INFO')
+    info = [r.getMessage() for r in records if r.levelno == logging.INFO]
+    names = [n for n, _ in model.named_parameters()]
+    assert any(name in message for message in info for name in names)  # the init log
+
+    with pytest.raises(FileNotFoundError):  # fails while quiet: the logger is restored too
+        init_model(MINI_DET, checkpoint=str(tmp_path / 'missing.pth'))
+    with pytest.raises(ValueError, match='log_level'):
+        init_model(MINI_DET, log_level='LOUD')
+
+    assert (logger.level, logger.filters) == (level, filters)
+    records.clear()
+    print_log('after init_model', logger='current', level=logging.INFO)
+    assert [r.getMessage() for r in records] == ['after init_model']
+
+
+def test_init_backbone_reports_the_load_when_asked_and_tools_show_it(tmp_path,
+                                                                      mmengine_records):
+    from mmsoft.apis import init_backbone
+    from mmsoft.apis.cli import backbone_from_args
+    _, records = mmengine_records
+    cfg, ckpt = _fixture_backbone_config(tmp_path), data_path('soft_public_checkpoint.pth')
+
+    init_backbone(config=cfg, checkpoint=ckpt)
+    assert not [r for r in records if r.levelno < logging.WARNING], _levels(records)
+
+    def loaded_lines():
+        return [r.getMessage() for r in records
+                if r.levelno == logging.INFO and 'SOFT: loaded' in r.getMessage()]
+
+    init_backbone(config=cfg, checkpoint=ckpt, log_level=logging.INFO)
+    assert len(loaded_lines()) == 1
+    # the tools say which keys a --checkpoint filled
+    records.clear()
+    backbone_from_args(argparse.Namespace(backbone=None, config=cfg, checkpoint=ckpt))
+    assert len(loaded_lines()) == 1

@@ -704,3 +704,15 @@ def test_onedl_mmengine_overlay(tmp_path):
     assert res.returncode == 0 and ' passed' in res.stdout and 'failed' not in res.stdout, tail
     print(f'onedl overlay: set up in {setup_s:.1f} s, tests in '
           f'{time.time() - start - setup_s:.1f} s; {res.stdout.strip().splitlines()[-1]}')
+
+
+def test_missing_imagenet_weights_say_where_they_come_from(tmp_path):
+    """A config's checkpoints/ file that is not there (no weights ship with mmsoft) names
+    where to get it; a missing file elsewhere keeps mmengine's plain message."""
+    from mmengine.runner import CheckpointLoader
+    (tmp_path / 'checkpoints').mkdir()
+    with pytest.raises(FileNotFoundError, match='ships no weights.*faq.md'):
+        CheckpointLoader.load_checkpoint(str(tmp_path / 'checkpoints' / 'soft_small_norm.pth'))
+    with pytest.raises(FileNotFoundError) as err:
+        CheckpointLoader.load_checkpoint(str(tmp_path / 'elsewhere.pth'))
+    assert str(err.value).endswith('can not be found.')

@@ -118,7 +118,8 @@ def build_from_config(path):
 
     from mmsoft.apis import init_model
     cfg = Config.fromfile(path)
-    return _TensorForward(init_model(cfg).eval(), cfg.default_scope)
+    # the initialization log goes to --log-file on purpose (init_model keeps it back)
+    return _TensorForward(init_model(cfg, log_level='INFO').eval(), cfg.default_scope)
 
 
 def fmt_g(x):
