@@ -79,7 +79,7 @@ setup(
     # different distribution names (mmengine / onedl-mmengine, ...): requiring one here
     # would make pip install it over the other. Pick the stack with an extra (mmcv, which
     # has no wheel for current torch, is built by scripts/setup_env.sh).
-    install_requires=['torch>=2.0'],
+    install_requires=['torch>=2.1'],  # the oldest tested: MMSOFT_STACK=oldest
     extras_require={
         'openmmlab': ['mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2',
                       'mmpretrain==1.2.0', 'ftfy', 'regex'],

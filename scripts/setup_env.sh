@@ -7,8 +7,11 @@
 #   onedl -> .venv-onedl: their maintained continuation on PyPI (same import names):
 #       onedl-mmcv 2.3.6 built from its sdist, onedl-mmengine 0.10.12, onedl-mmdetection
 #       3.5.1, onedl-mmsegmentation 1.4.2, onedl-mmpretrain 1.3.6, onedl-mim 0.5.1.
-# Both: torch 2.14.1 + torchvision 0.29.1 and the test tools. MMSOFT_VENV overrides the
-# folder.
+#   Both: torch 2.14.1 + torchvision 0.29.1 and the test tools.
+#   oldest -> .venv-oldest: the oldest combination mmsoft claims, the one most mmdet users
+#       run: torch 2.1.2 + torchvision 0.16.2 with the openmmlab packages above and
+#       numpy < 2 (torch 2.1 was built against numpy 1); mmcv 2.1.0 built unpatched.
+# MMSOFT_VENV overrides the folder.
 #
 # Neither mmcv has a wheel for torch 2.14: it is built here once (13.5 min on 2 cores for
 # mmcv 2.1.0, 12.5 min for onedl-mmcv 2.3.6; their setup.py asks for C++14/17, torch's
@@ -28,24 +31,33 @@ PYTHON="${PYTHON:-python3}"
 
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
+CXX_STD=c++20   # what mmcv's setup.py is patched to ('' leaves it as it is)
+PINS=""         # requirements resolved with the rest (what this stack's mim pins, ...)
 
 say() { printf '[setup_env] %s\n' "$*"; }
 fail() { printf '[setup_env] ERROR: %s\n' "$*" >&2; exit 1; }
 case "$STACK" in
   openmmlab)
     MMCV_DIST=mmcv; MMCV_VERSION=2.1.0; MMCV_SDIST=mmcv-2.1.0
-    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9; MIM_PINS=""
+    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9
     # torch 2.14 declares setuptools>=77; mmcv's setup.py needs pkg_resources (<82); below
     # 80, `pip install -e .` is a classic develop install (an egg-link to this folder),
     # which is where openmim 0.3.9 looks for mmsoft/.mim/{configs,tools}.
     SETUPTOOLS="setuptools>=77,<80"; MIN_PY=8 ;;
+  oldest)
+    MMCV_DIST=mmcv; MMCV_VERSION=2.1.0; MMCV_SDIST=mmcv-2.1.0
+    REQUIREMENTS="$ROOT/requirements/runtime.txt"; MIM=openmim==0.3.9; PINS="numpy<2"
+    TORCH_VERSION=2.1.2; TORCHVISION_VERSION=0.16.2
+    # torch 2.1's headers build with the C++17 mmcv's setup.py asks for: no patch.
+    CXX_STD=""
+    SETUPTOOLS="setuptools<80"; MIN_PY=8 ;;
   onedl)
     MMCV_DIST=onedl-mmcv; MMCV_VERSION=2.3.6; MMCV_SDIST=onedl_mmcv-2.3.6
-    REQUIREMENTS="$ROOT/requirements/onedl.txt"; MIM=onedl-mim==0.5.1; MIM_PINS="pandas==2.2.3"
+    REQUIREMENTS="$ROOT/requirements/onedl.txt"; MIM=onedl-mim==0.5.1; PINS="pandas==2.2.3"
     # onedl-mim declares setuptools>=80 (it reads PEP 660 editable installs); the mmcv
     # build still needs pkg_resources (<82).
     SETUPTOOLS="setuptools>=80,<82"; MIN_PY=10 ;;
-  *) fail "MMSOFT_STACK must be openmmlab or onedl, not '$STACK'." ;;
+  *) fail "MMSOFT_STACK must be openmmlab, onedl or oldest, not '$STACK'." ;;
 esac
 trap 'fail "step failed at line $LINENO (see the output above). Fix the cause and run this script again; it resumes where it stopped."' ERR
 
@@ -74,7 +86,8 @@ fi
 rm -f "$VENV/.mmsoft-setup-ok"
 
 say "installing torch $TORCH_VERSION, torchvision $TORCHVISION_VERSION and build tools"
-"${INSTALL[@]}" -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+# shellcheck disable=SC2086  # PINS holds requirement words
+"${INSTALL[@]}" -q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" $PINS
 "${INSTALL[@]}" -q "$SETUPTOOLS" wheel ninja packaging
 
 # How to build mmcv's ops here: CPU only, or CUDA with an nvcc matching torch's CUDA, or
@@ -95,8 +108,10 @@ if ! ls "$WHEELDIR"/$WHEEL_GLOB >/dev/null 2>&1; then
   tar -xzf "$BUILD/$MMCV_SDIST.tar.gz" -C "$BUILD"
   SRC="$BUILD/$MMCV_SDIST"
   # torch 2.14's headers need C++20; mmcv's setup.py hard-codes -std=c++14 / c++17.
-  sed -i -e 's/-std=c++14/-std=c++20/g' -e 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
-  grep -q 'std=c++20' "$SRC/setup.py" || fail "mmcv setup.py patch did not apply."
+  if [ -n "$CXX_STD" ]; then
+    sed -i -e "s/-std=c++14/-std=$CXX_STD/g" -e "s/-std=c++17/-std=$CXX_STD/g" "$SRC/setup.py"
+    grep -q "std=$CXX_STD" "$SRC/setup.py" || fail "mmcv setup.py patch did not apply."
+  fi
   # shellcheck disable=SC2086  # MMCV_BUILD_ENV holds NAME=value words for env
   (cd "$SRC" && env $MMCV_BUILD_ENV MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" \
      "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .) \
@@ -105,17 +120,19 @@ if ! ls "$WHEELDIR"/$WHEEL_GLOB >/dev/null 2>&1; then
   cp "$BUILD"/dist/$WHEEL_GLOB "$WHEELDIR"/
   rm -rf "$BUILD"
   say "cached the $MMCV_DIST wheel in $WHEELDIR"
+else
+  say "reusing the $MMCV_DIST $MMCV_VERSION wheel built earlier for $TAG ($WHEELDIR)"
 fi
 "${INSTALL[@]}" -q --no-deps "$WHEELDIR"/$WHEEL_GLOB
 
 say "installing the $STACK mmengine, mmdet, mmsegmentation, mmpretrain, mim and test tools"
 # mim's own requirements pull opendatalab/openxlab, which downgrade setuptools below what
 # torch needs; mim train/test work without them. So mim comes last, with --no-deps, after
-# the requirements it does use (requirements/mim.txt; MIM_PINS: what this mim pins among
-# them), resolved together with the rest.
-# shellcheck disable=SC2086  # MIM_PINS holds requirement words
+# the requirements it does use (requirements/mim.txt), resolved together with the rest,
+# with PINS (what this stack pins among them) and torch kept at its version.
+# shellcheck disable=SC2086  # PINS holds requirement words
 "${INSTALL[@]}" -q -r "$REQUIREMENTS" -r "$ROOT/requirements/tests.txt" \
-  -r "$ROOT/requirements/mim.txt" $MIM_PINS
+  -r "$ROOT/requirements/mim.txt" $PINS "torch==$TORCH_VERSION"
 "${INSTALL[@]}" -q --no-deps "$MIM"
 
 say "installing mmsoft in editable mode"

@@ -1,6 +1,7 @@
 import importlib.util
 import os
 import os.path as osp
+import re
 import subprocess
 from contextlib import ExitStack
 
@@ -9,6 +10,22 @@ import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))  # the repository
 DATA = osp.join(ROOT, 'tests', 'data')
+
+# torch 2.1's Dynamo cannot trace mmsoft's autograd Functions into one graph: torch.compile
+# breaks the graph there and runs them eagerly. The one-graph tests need a newer torch.
+TORCH_VERSION = tuple(int(v) for v in re.findall(r'\d+', torch.__version__)[:2])
+needs_one_graph_dynamo = pytest.mark.skipif(
+    TORCH_VERSION < (2, 2), reason=f"torch {torch.__version__}'s Dynamo cannot trace "
+    "mmsoft's autograd Functions into one graph")
+
+
+def cpu_autocast_supports(dtype):
+    """Whether this torch's CPU autocast takes ``dtype`` (torch 2.1: bfloat16 only)."""
+    try:
+        with torch.autocast('cpu', dtype=dtype):
+            return True
+    except RuntimeError:
+        return False
 
 
 def data_path(name):

@@ -129,8 +129,9 @@ def measure(model, size, device, repeat, train=False, mode=None, batch=1,
     times = []
     with mode_plan(mode):
         for i in range(repeat + 1):
-            if compile_mode == 'reduce-overhead':  # a new step for the CUDA graph trees
-                torch.compiler.cudagraph_mark_step_begin()
+            if compile_mode == 'reduce-overhead' and hasattr(
+                    torch.compiler, 'cudagraph_mark_step_begin'):  # torch >= 2.2
+                torch.compiler.cudagraph_mark_step_begin()  # a new CUDA-graph-tree step
             sync(device)
             t0 = time.perf_counter()
             with torch.autocast(device_type=device, dtype=AMP_DTYPES.get(amp),

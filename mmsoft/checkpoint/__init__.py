@@ -18,11 +18,11 @@ import ``mmsoft.models``.
 from .guard import guard_mmengine, guard_mmengine_functions
 from .keys import (COMMON_PREFIXES, STATE_DICT_ENTRIES, extract_state_dict, load_pretrained,
                    summarize_keys)
-from .safe_load import (HISTORY_BUFFER_STATISTICS, TRUSTED_ENV, UntrustedCheckpointError,
-                        history_buffer_statistic, is_trusted, load,
+from .safe_load import (ALLOW_LIST, HISTORY_BUFFER_STATISTICS, TRUSTED_ENV,
+                        UntrustedCheckpointError, history_buffer_statistic, is_trusted, load,
                         mmengine_checkpoint_globals, safe_globals, trust)
 
-__all__ = ['TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
+__all__ = ['ALLOW_LIST', 'TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
            'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load',
            'guard_mmengine', 'guard_mmengine_functions', 'HISTORY_BUFFER_STATISTICS',
            'STATE_DICT_ENTRIES', 'COMMON_PREFIXES', 'extract_state_dict', 'summarize_keys',

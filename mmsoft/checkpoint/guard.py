@@ -39,8 +39,8 @@ from tempfile import TemporaryDirectory
 
 import torch
 
-from .safe_load import (UntrustedCheckpointError, _refuse_unless_trusted, _warn_full_unpickling,
-                        _weights_only_first, load)
+from .safe_load import (ALLOW_LIST, UntrustedCheckpointError, _refuse_unless_trusted,
+                        _warn_full_unpickling, _weights_only_first, load)
 
 __all__ = ['guard_mmengine', 'guard_mmengine_functions', 'SCHEMES', 'load_from_local',
            'load_from_http', 'load_from_pavi', 'load_from_ceph', 'load_from_torchvision',
@@ -269,9 +269,9 @@ def guard_mmengine():
     """Route mmengine's checkpoint loading through :func:`load`: register mmsoft's loader
     for every scheme of ``CheckpointLoader`` (:data:`SCHEMES`) and guard mmengine's loader
     functions called by name (:func:`guard_mmengine_functions`). Does nothing where torch
-    is older than 2.5 (no allow-list to scope, no ``weights_only`` default). Idempotent."""
-    if not all(hasattr(torch.serialization, f) for f in (
-            'get_safe_globals', 'clear_safe_globals', 'add_safe_globals')):
+    is older than 2.5 (no allow-list to scope, no ``weights_only`` default: mmengine
+    unpickles in full there, as :func:`load` does after a warning). Idempotent."""
+    if not ALLOW_LIST:
         return
     from mmengine.runner import CheckpointLoader
     for prefixes, loader in SCHEMES:

@@ -36,10 +36,16 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ['TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
+__all__ = ['ALLOW_LIST', 'TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
            'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load']
 
 TRUSTED_ENV = 'MMSOFT_TRUSTED_CHECKPOINTS'
+# torch >= 2.5 lets the weights_only unpickler allow more (torch.serialization's
+# get/clear/add_safe_globals); older torch has its fixed list, which refuses mmengine's
+# and timm's checkpoints, so there mmsoft loads as mmengine does (full unpickling) and
+# warns once when a file needs it (:func:`_weights_only_first`).
+ALLOW_LIST = all(hasattr(torch.serialization, f) for f in (
+    'get_safe_globals', 'clear_safe_globals', 'add_safe_globals'))
 HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
 _GETATTR_NAME = 'builtins.getattr'
 
@@ -238,14 +244,37 @@ def _warn_full_unpickling(f):
               level=30)
 
 
+_unprotected_warned = False
+
+
+def _warn_unprotected(source):
+    """torch < 2.5: the first file that needs more than torch's fixed list is unpickled in
+    full, as mmengine does there; say so once per process."""
+    global _unprotected_warned
+    if _unprotected_warned:
+        return
+    _unprotected_warned = True
+    import warnings
+    warnings.warn(
+        f'mmsoft: torch {torch.__version__} cannot allow what mmengine and timm checkpoints '
+        f'hold under weights_only (torch >= 2.5 can), so {os.fspath(source)!r} and later '
+        'such files are unpickled in full, as mmengine does with this torch: a crafted '
+        'file can run code. Load only checkpoints you trust, or use torch >= 2.5, where '
+        'mmsoft refuses files nobody trusted.', stacklevel=3)
+
+
 def _weights_only_first(source, call):
     """``call(True)`` (weights_only) inside :func:`safe_globals`; what that refuses is
     ``call(False)`` (full unpickling) only if ``source`` :func:`is_trusted`, else
-    :class:`UntrustedCheckpointError` says why and how to opt in."""
+    :class:`UntrustedCheckpointError` says why and how to opt in. torch < 2.5
+    (no :data:`ALLOW_LIST`): full unpickling after one warning, as mmengine loads there."""
     try:
-        with safe_globals():
+        with safe_globals() if ALLOW_LIST else contextlib.nullcontext():
             return call(True)
     except pickle.UnpicklingError as err:
+        if not ALLOW_LIST and not is_trusted(source):
+            _warn_unprotected(source)
+            return call(False)
         if not is_trusted(source):
             reason = _reason(err)
             raise UntrustedCheckpointError(_refusal(source, reason), source, reason) from err

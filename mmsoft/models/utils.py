@@ -12,6 +12,7 @@ from mmengine.model.weight_init import initialize, trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint import load_pretrained
+from .attention.dtypes import is_compiling
 
 __all__ = [
     'Backbone', 'DropPath', 'Mlp', 'build_norm', 'check_depths', 'check_input',
@@ -74,7 +75,7 @@ def check_input(x, min_size, family):
     # host-device synchronization in every forward (and a graph break for torch.compile,
     # illegal inside CUDA-graph capture), so it runs on CPU tensors only.
     if (x.device.type != 'cpu' or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_compiling()):
+            or is_compiling()):
         return
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f'{family} input contains NaN or inf values')

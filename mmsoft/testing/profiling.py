@@ -8,7 +8,7 @@ from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 
 __all__ = ['LaunchCounter', 'NO_KERNEL_OPS']
 
@@ -55,8 +55,8 @@ class LaunchCounter(TorchDispatchMode):
         if name in self.shapes:
             self.shapes[name].append(tuple(out.shape))
         host = any(isinstance(t, torch.Tensor) and t.device.type == 'cpu' and t.dim() > 0
-                   for t in tree_leaves((args, kwargs)))
+                   for t in tree_flatten((args, kwargs))[0])
         if host and any(isinstance(t, torch.Tensor) and t.device.type != 'cpu'
-                        for t in tree_leaves(out)):
+                        for t in tree_flatten(out)[0]):
             self.transfers.append(name)
         return out

@@ -35,7 +35,7 @@ def test_installs_leave_conflicts_to_pip_check():
     assert '--no-deps' in lines[mim_step]
     requirements_step = next(i for i, line in enumerate(lines)
                              if 'requirements/mim.txt' in line)
-    assert requirements_step < mim_step and '$MIM_PINS' in lines[requirements_step]
+    assert requirements_step < mim_step and '$PINS' in lines[requirements_step]
     assert any(re.search(r'"\$\{PIP\[@\]\}" check', line) for line in lines[mim_step:])
 
 

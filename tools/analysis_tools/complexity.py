@@ -103,7 +103,7 @@ class _TensorForward(torch.nn.Module):
         if self.scope == 'mmdet':  # two-stage detectors read the image shape from metas
             from mmdet.structures import DetDataSample
             from mmengine.structures import InstanceData
-            shape = tuple(x.shape[-2:])
+            shape = tuple(int(s) for s in x.shape[-2:])  # torch 2.1's tracer: not tensors
             samples = [DetDataSample(
                 metainfo=dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
                               batch_input_shape=shape, scale_factor=(1., 1.)),

@@ -12,6 +12,7 @@ Examples:
   python tools/deployment/export_onnx.py --config configs/xcit_sima/mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py \\
       --check-sizes 224x224 480x640
 """
+import inspect
 import os
 import os.path as osp
 import warnings
@@ -32,6 +33,9 @@ def export(model, path, sample_hw=(224, 224), opset=17):
         raise ValueError("pinv_method='regularized' cannot be exported to ONNX (it needs a "
                          'linear solve); export the model with the default method')
     x = torch.randn(1, 3, *sample_hw)
+    # the TorchScript exporter: torch >= 2.5 has a dynamo one too, chosen by `dynamo`
+    legacy_exporter = ({'dynamo': False} if 'dynamo' in inspect.signature(
+        torch.onnx.export).parameters else {})
     try:
         for m in layers:  # every other method computes the same 20-step iterate
             m.pinv_method = 'iterative'
@@ -44,7 +48,7 @@ def export(model, path, sample_hw=(224, 224), opset=17):
                 dynamic_axes={'input': {0: 'batch', 2: 'height', 3: 'width'},
                               **{f'out{i}': {0: 'batch', 2: f'h{i}', 3: f'w{i}'}
                                  for i in range(n_out)}},
-                dynamo=False)
+                **legacy_exporter)
     finally:
         for m, method in zip(layers, methods):
             m.pinv_method = method

@@ -47,7 +47,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .dtypes import compute_dtype, device_type
+from .dtypes import compute_dtype, device_type, is_compiling
 
 __all__ = [
     'EXACT_PINV_METHODS', 'check_pinv_options', 'newton_alpha', 'newton_pinv',
@@ -510,7 +510,7 @@ def regularized_apply(A, Z, iters=20):
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     L, info = torch.linalg.cholesky_ex(A @ A + mu * eye)
     if A.device.type == 'cpu' and not (torch.jit.is_tracing()
-                                       or torch.compiler.is_compiling()):
+                                       or is_compiling()):
         if bool(info.any()):
             raise torch.linalg.LinAlgError(
                 f"pinv_method='regularized': the Cholesky factorization of A² + μI "

@@ -202,13 +202,15 @@ class AttentionPlan:
 #   'images' faster in 11 of the 12 cases (800×1344 stage 1: forward 0.3 ms vs 1.5 ms,
 #   training step at batch 2 3.5 ms vs 7.6 ms); 'channels' only in stage 2's training
 #   step at 800×1344 (0.7 vs 0.9 ms).
-PLANS = MappingProxyType({
+_PLANS = {
     'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')),
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv='iterative', kernel_chunk=2**24, kernel_once_up_to=None,
                           local_conv_layout='images'),
-})
+}
+PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.1's
+# Dynamo cannot trace a mappingproxy's get)
 # Device types without measurements (xpu, mps, meta, ...) run CUDA's plan: the formed
 # iterate needs no eigendecomposition, which not every backend has.
 DEFAULT_PLAN = PLANS['cuda']
@@ -233,7 +235,7 @@ def plan_for(device_type):
     """The ``AttentionPlan`` in force for a device type ('cpu', 'cuda', ...)."""
     plans = _forced.plans
     if plans is None:
-        return PLANS.get(device_type, DEFAULT_PLAN)
+        return _PLANS.get(device_type, DEFAULT_PLAN)
     return plans[device_type] if device_type in plans else plans[None]
 
 

@@ -16,7 +16,7 @@ products with the features also give the norms' gradients (``_KernelMatmul``).
 """
 import torch
 
-from .dtypes import compute_dtype, device_type
+from .dtypes import autocast_dtype, compute_dtype, device_type
 from .newton import newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply
 from .plan import plan_for
 
@@ -219,10 +219,10 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     device = device_type(q)
     # Under autocast the N-sized products run in the autocast dtype, as plain matmuls
     # would; the Function below sees concrete dtypes and runs with autocast off.
-    cast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    cast = autocast_dtype(device)
     with torch.autocast(device_type=device, enabled=False):
-        qc, lc, vc = (t if cast is None or t.dtype == torch.float64 else t.to(cast)
-                      for t in (q, landmarks, v))
+        qc, lc, vc = [t if cast is None or t.dtype == torch.float64 else t.to(cast)
+                      for t in (q, landmarks, v)]
         # P in row chunks (``_KernelMatmul``) when gradients are needed (then it is never
         # kept for backward) or when it is too large to form at once on this device; a
         # traced graph keeps the plain products (the chunking is Python-side).

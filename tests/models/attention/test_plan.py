@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import torch
+from conftest import needs_one_graph_dynamo
 
 from mmsoft.models import attention
 from mmsoft.models.attention import (DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan,
@@ -83,6 +84,7 @@ def test_forced_plans_are_thread_local():
     assert seen == {'other': PLANS['cpu'].kernel_chunk, 'this': 64}
 
 
+@needs_one_graph_dynamo
 def test_compiled_code_sees_the_forced_plan():
     """Dynamo guards on the plan it read: a forced plan recompiles, it is never stale."""
 
@@ -171,6 +173,7 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     assert newton.TF32_FLOAT32_STEPS == AttentionPlan().tf32_float32_steps
 
 
+@needs_one_graph_dynamo
 def test_a_compiled_layer_traces_one_graph_per_plan():
     """A SOFT layer reads the plan in its forward: under torch.compile each plan in force
     gets its own graph (Dynamo guards on it), and a plan seen before reuses its graph."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import SOFT_FIXTURE_ARCH as FIXTURE_ARCH
-from conftest import data_path, fixture_model, rel_err
+from conftest import data_path, fixture_model, needs_one_graph_dynamo, rel_err
 
 from mmsoft import checkpoint
 from mmsoft.models import SOFT
@@ -454,6 +454,7 @@ def test_autocast_bfloat16_is_finite():
 
 
 @pytest.mark.parametrize('mode', ['eval', 'train'])
+@needs_one_graph_dynamo
 def test_traces_into_one_graph(mode):
     """torch.compile(fullgraph=True) traces the whole backbone without a graph break (a
     break, e.g. a host sync or an autograd Function that Dynamo cannot trace, raises
@@ -481,6 +482,7 @@ def test_traces_into_one_graph(mode):
         assert rel_err(grad, ref_grad) < 1e-6
 
 
+@needs_one_graph_dynamo
 def test_training_graph_holds_across_image_sizes():
     """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
     first size, torch.compile traces one graph with dynamic sizes, and that graph must
