@@ -10,17 +10,14 @@ cannot serve stops the tool with a message that names what the config lacks.
 """
 import warnings
 
-from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
+from mmsoft.apis.runner import (OptionError, build_runner, load_config, parse_runner_args,
+                                 runner_parser)
 
 CODEBASES = ('mmdet', 'mmseg', 'mmpretrain')
 # The visualization hook each codebase's default_runtime.py puts in default_hooks.
 VISUALIZATION_HOOKS = dict(mmdet='DetVisualizationHook', mmseg='SegVisualizationHook',
                            mmpretrain='VisualizationHook')
 PICKLE = ('.pkl', '.pickle')
-
-
-class OptionError(ValueError):
-    """An option the config cannot serve; main() reports it without a traceback."""
 
 
 def build_parser():

@@ -6,11 +6,8 @@ tools/train.py (mmseg's bare --resume included); `mim train mmsoft CONFIG` runs 
 An option the config cannot serve stops the tool with a message that names what the
 config lacks.
 """
-from mmsoft.apis.runner import build_runner, load_config, parse_runner_args, runner_parser
-
-
-class OptionError(ValueError):
-    """An option the config cannot serve; main() reports it without a traceback."""
+from mmsoft.apis.runner import (OptionError, build_runner, load_config, parse_runner_args,
+                                 runner_parser)
 
 
 def build_parser():

@@ -8,7 +8,11 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-__all__ = ['build_runner', 'load_config', 'parse_runner_args', 'runner_parser']
+__all__ = ['OptionError', 'build_runner', 'load_config', 'parse_runner_args', 'runner_parser']
+
+
+class OptionError(ValueError):
+    """A tool option the config cannot serve; the tools report it without a traceback."""
 
 
 def runner_parser(description, config_help):
