@@ -57,6 +57,7 @@ SOURCES = {
     'memory-modes': ('cuda_h100/memory-modes.json', 'H100 memory-modes'),
     'pinv': ('cuda_h100/pinv.json', 'H100 pinv'),
     'detector': ('cuda_h100/detector.json', 'H100 detector'),
+    'cpu-detector': ('cpu_detector_2026-11-25.json', 'the CPU detector run'),
     'h100-compile': ('cuda_h100/compile-default-800x1344.json', 'H100 compile'),
 }
 DEVICES = ('CPU', 'H100')
@@ -72,7 +73,7 @@ PINV = {'CPU': 'A', 'H100': 'pinv'}
 SCALING, LAUNCHES = 'A', 'A'
 AUTOCAST = (('float32', 'fp32'), ('bf16', 'bf16'), ('fp16', 'fp16'))
 COMPILE = (('H100', 'h100-compile'), ('CPU', 'cpu-compile'))
-DETECTOR = {'H100': 'detector'}
+DETECTOR = {'H100': 'detector', 'CPU': 'cpu-detector'}
 # What the JSON does not record: the size of the memory and modes sections (the runs'
 # largest --sizes entry), and the runs' --train-batch.
 DETECTION_SIZE = '800x1344'
@@ -468,6 +469,10 @@ def render_detector_h100(res):
     return _detector_table(res, DETECTOR['H100'], 'H100')
 
 
+def render_detector_cpu(res):
+    return _detector_table(res, DETECTOR['CPU'], 'CPU')
+
+
 def _detector_table(res, source, device):
     """RetinaNet and Mask R-CNN (whatever detectors the section has), each backbone next
     to the same detector with Swin-T."""
@@ -489,7 +494,8 @@ def _detector_table(res, source, device):
     body = []
     for det, backbones in groups.items():
         ref = backbones[REFERENCE]
-        for b in ordered(backbones):
+        by_label = {canonical(b): b for b in backbones}  # 'SOFT-S' is 'SOFT-S [auto]'
+        for b in (by_label[c] for c in ordered(by_label)):
             r = backbones[b]
             row = [det, label(canonical(b))]
             for step in ('train', 'test'):
@@ -567,6 +573,7 @@ BENCHMARK_TABLES = {
     'scaling': render_scaling,
     'launches': render_launches,
     'detector-h100': render_detector_h100,
+    'detector-cpu': render_detector_cpu,
     'autocast': render_autocast,
     'compile': render_compile,
 }
