@@ -13,10 +13,12 @@ bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 PY="$VENV/bin/python"
 if [ ! -f data/mini_coco/annotations/instances_val.json ] || [ ! -d data/mini_ade ]; then
+  echo "[quickstart] making the mini datasets in data/"
   "$PY" tools/misc/make_mini_dataset.py --out data
 fi
-# The console shows progress, results and errors; the full output (environment, config,
-# every log line) goes to $WORK_DIR/quickstart.log.
+# The console shows progress (a line every 20 iterations: the mini config's logger
+# interval), results and errors; the full output (environment, config, every log line)
+# goes to $WORK_DIR/quickstart.log.
 mkdir -p "$WORK_DIR"
 LOG="$WORK_DIR/quickstart.log"
 SHOW='Iter\((train|test)\)|Saving checkpoint|bbox_mAP|mIoU|Error|error:|Traceback|Exception'
