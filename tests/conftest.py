@@ -3,7 +3,7 @@ import os
 import os.path as osp
 import re
 import subprocess
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import torch
@@ -118,17 +118,36 @@ def fixture_model(**kwargs):
     return model.eval()
 
 
-@pytest.fixture
-def mmengine_log():
-    """The messages logged through mmengine's current logger during the test (mmengine's
-    logger does not propagate to the root logger, so pytest's caplog misses them)."""
+@contextmanager
+def _mmengine_collected(keep):
+    """(logger, kept): ``keep(record)`` of every record mmengine's current logger hands its
+    handlers while the block runs (its stream handler prints these at INFO and above;
+    mmengine's logger does not propagate to the root logger, so pytest's caplog misses
+    them)."""
     import logging
 
     from mmengine.logging import MMLogger
-    records = []
+    kept = []
     handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: records.append(record.getMessage())
+    handler.emit = lambda record: kept.append(keep(record))
     logger = MMLogger.get_current_instance()
     logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
+    try:
+        yield logger, kept
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.fixture
+def mmengine_log():
+    """The messages logged through mmengine's current logger during the test."""
+    with _mmengine_collected(lambda record: record.getMessage()) as (_, messages):
+        yield messages
+
+
+@pytest.fixture
+def mmengine_records():
+    """(logger, records): mmengine's current logger and the records it logged during the
+    test (levels included)."""
+    with _mmengine_collected(lambda record: record) as collected:
+        yield collected

@@ -272,10 +272,10 @@ def _weights_only_first(source, call):
         with safe_globals() if ALLOW_LIST else contextlib.nullcontext():
             return call(True)
     except pickle.UnpicklingError as err:
-        if not ALLOW_LIST and not is_trusted(source):
-            _warn_unprotected(source)
-            return call(False)
         if not is_trusted(source):
+            if not ALLOW_LIST:
+                _warn_unprotected(source)
+                return call(False)
             reason = _reason(err)
             raise UntrustedCheckpointError(_refusal(source, reason), source, reason) from err
     _warn_full_unpickling(source)

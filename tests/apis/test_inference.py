@@ -10,29 +10,6 @@ from conftest import ROOT, SOFT_FIXTURE_ARCH, data_path, rel_err
 MINI_DET = osp.join(ROOT, 'configs/_mini_/retinanet_soft-t_fpn_mini-coco.py')
 
 
-class _Collect(logging.Handler):
-    """Keeps every record that mmengine's logger passes to its handlers."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def mmengine_records():
-    """(logger, records): what mmengine's current logger hands its handlers (its stream
-    handler prints exactly these at INFO and above) while the test runs."""
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    handler = _Collect()
-    logger.addHandler(handler)
-    yield logger, handler.records
-    logger.removeHandler(handler)
-
-
 def _levels(records):
     return {logging.getLevelName(r.levelno) for r in records}
 

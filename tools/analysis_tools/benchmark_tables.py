@@ -37,6 +37,9 @@ import re
 import sys
 from collections import namedtuple
 
+# times as the benchmark prints them (ms below a second, else seconds)
+from mmsoft.benchmark.common import fmt as fmt_time
+
 # tools/analysis_tools/ -> the repository root
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 JSON_DIR = osp.join(ROOT, 'docs', 'benchmark')
@@ -162,13 +165,6 @@ def label(key):
 
 def size_text(size):
     return size.replace('x', '×')
-
-
-def fmt_time(seconds):
-    """As the benchmark prints times: ms below a second, else seconds."""
-    if seconds < 1:
-        return f'{seconds * 1e3:.1f} ms'
-    return f'{seconds:.3f} s' if seconds < 100 else f'{seconds:.0f} s'
 
 
 def fmt_ratio(ratio):
