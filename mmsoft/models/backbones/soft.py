@@ -5,6 +5,7 @@ load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head)
 """
 import logging
 import math
+import warnings
 from typing import Dict
 
 import torch
@@ -15,6 +16,7 @@ from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
 from ..attention import PINV_METHODS, plan_for, soft_attention
+from ..cuda_graphs import StageGraphs, can_capture, check_cuda_graphs
 from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
@@ -268,6 +270,16 @@ class SOFT(Backbone):
             embedding and blocks; stage 4 also its final norm and class token); -1
             (default) freezes nothing.
         with_cp (bool): activation checkpointing of every block.
+        cuda_graphs (bool | dict): opt-in, CUDA only: replay each stage's blocks from CUDA
+            graphs (``mmsoft.models.cuda_graphs``), which removes the launch cost of their
+            ~1200 small kernels per forward; the patch embeddings stay eager. True, or a
+            dict with ``min_calls`` (capture an input size the n-th time it is seen,
+            default 2) and ``max_graphs`` (at most so many sizes × train/eval modes per
+            stage, default 8; further sizes run eagerly). Each graph keeps its
+            activations' memory, so it suits fixed-size inputs (segmentation crops,
+            fixed-size detection batches). Not with ``with_cp`` or
+            ``pinv_method='spectral'`` (eigh synchronizes with the host). On other
+            devices the blocks run eagerly, with a warning.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads an
             official SOFT checkpoint or an mmengine checkpoint.
     """
@@ -307,6 +319,7 @@ class SOFT(Backbone):
                  norm_eval=False,
                  frozen_stages=-1,
                  with_cp=False,
+                 cuda_graphs=False,
                  init_cfg=None):
         super().__init__(frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg)
         arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'SOFT',
@@ -343,6 +356,18 @@ class SOFT(Backbone):
                              'in out_indices')
         self.with_cls_token = with_cls_token
         self.out_type = out_type
+        graphs = check_cuda_graphs(cuda_graphs, 'SOFT')
+        if graphs is not None and with_cp:
+            raise ValueError('SOFT: cuda_graphs and with_cp cannot be combined (activation '
+                             "checkpointing saves the CUDA RNG state, which a capture "
+                             'cannot read)')
+        if graphs is not None and pinv_method == 'spectral':
+            raise ValueError("SOFT: cuda_graphs needs a pinv_method other than 'spectral': "
+                             'torch.linalg.eigh synchronizes a GPU with the host, which a '
+                             'CUDA graph cannot capture')
+        # a plain attribute, not a submodule: not in state_dict, dropped by deepcopy
+        self.cuda_graphs = StageGraphs(**graphs) if graphs is not None else None
+        self._warned_eager = False
 
         total = sum(self.depths)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, total)]
@@ -405,7 +430,35 @@ class SOFT(Backbone):
                     params.append(self.cls_token)
         return modules, params
 
+    def _apply(self, fn, *args, **kwargs):
+        # .to(), .cuda(), .half() give the parameters new storage: the graphs hold the
+        # old addresses
+        if getattr(self, 'cuda_graphs', None) is not None:
+            self.cuda_graphs.clear()
+        return super()._apply(fn, *args, **kwargs)
+
     # -- forward ------------------------------------------------------------------------
+    def _run_stage(self, s, x, hw):
+        """Stage ``s``'s blocks on the (B, N, C) tokens of the ``hw`` grid: eagerly, or
+        replayed from a CUDA graph with ``cuda_graphs``."""
+        blocks = getattr(self, f'block{s + 1}')
+
+        def eager(t):
+            for blk in blocks:
+                t = self._run_block(blk, t, hw)
+            return t
+
+        if self.cuda_graphs is None:
+            return eager(x)
+        if not can_capture(x):
+            if not x.is_cuda and not self._warned_eager:
+                self._warned_eager = True
+                warnings.warn(f'SOFT: cuda_graphs has no effect on {x.device.type} inputs: '
+                              'the blocks run eagerly')
+            return eager(x)
+        return self.cuda_graphs.run(s, eager, x, blocks,
+                                    extra=(hw, plan_for(x.device.type)))
+
     def forward(self, x):
         self._check_input(x)
         outs = []
@@ -424,8 +477,7 @@ class SOFT(Backbone):
             else:
                 x = x + resize_pos_embed(pos, self.pos_grids[s], (H, W))
             x = self.pos_drop(x)
-            for blk in getattr(self, f'block{s + 1}'):
-                x = self._run_block(blk, x, (H, W))
+            x = self._run_stage(s, x, (H, W))
             if s == 3:
                 x = self.norm(x)
                 if self.out_type == 'cls_token':
