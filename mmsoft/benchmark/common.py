@@ -60,7 +60,17 @@ SOFT_MODES = {
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
     'grid16': (dict(landmark_grid=16), None, 'fast: at most 16×16 landmarks'),
     'grid8': (dict(landmark_grid=8), None, 'fast: at most 8×8 landmarks'),
+    # captured at the first (untimed) call
+    'cuda graphs': (dict(cuda_graphs=dict(min_calls=1)), None,
+                    "opt-in: each stage's blocks replayed from CUDA graphs (CUDA only)"),
+    'grid16 + cuda graphs': (dict(landmark_grid=16, cuda_graphs=dict(min_calls=1)), None,
+                             'at most 16×16 landmarks, replayed from CUDA graphs (CUDA '
+                             'only)'),
 }
+# Modes timed on CUDA only: emulated elsewhere ('tf32', 'tf32x3'), or eager there (the
+# CUDA-graph modes: the same as 'auto' and 'grid16').
+CUDA_ONLY_MODES = ('tf32', 'tf32x3', 'cuda graphs', 'grid16 + cuda graphs')
+GRAPH_MODES = ('cuda graphs', 'grid16 + cuda graphs')
 
 
 def mode_plan(mode):
@@ -97,9 +107,8 @@ def build(name, mode='auto'):
 
 
 def soft_modes(args, modes):
-    """The SOFT modes worth timing on this device ('tf32', 'tf32x3': only emulated off
-    CUDA)."""
-    return [m for m in modes if m not in ('tf32', 'tf32x3') or args.device == 'cuda']
+    """The SOFT modes worth timing on this device (``CUDA_ONLY_MODES`` on CUDA only)."""
+    return [m for m in modes if m not in CUDA_ONLY_MODES or args.device == 'cuda']
 
 
 # ------------------------------------------------------------------------ measurement

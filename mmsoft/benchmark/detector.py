@@ -1,8 +1,8 @@
 """What a detection user sees: one training iteration (data → backbone → neck → head →
 losses → backward → optimizer step, batch ``--train-batch``) and one test forward per
 image of RetinaNet and Mask R-CNN from the shipped SOFT-S configs (the paper's, and the
-fast mode ``landmark_grid=16``), and of the paper's configs with Swin-T as the backbone,
-at ``--detector-size``: the ratio of mmengine's ``time:`` column (needs mmcv's compiled
+fast mode ``landmark_grid=16``; on CUDA also the paper's with ``cuda_graphs``), and of
+the paper's configs with Swin-T as the backbone, at ``--detector-size``: the ratio of mmengine's ``time:`` column (needs mmcv's compiled
 ops).
 """
 import logging
@@ -26,13 +26,17 @@ DETECTOR_CONFIGS = {
     'Mask R-CNN': {'SOFT-S': 'configs/soft/mask-rcnn_soft-s_fpn_1x_coco.py',
                    'SOFT-S [grid16]': 'configs/soft/mask-rcnn_soft-s-grid16_fpn_1x_coco.py'},
 }
-DETECTOR_BACKBONES = ('SOFT-S', 'SOFT-S [grid16]', 'Swin-T')  # rows per detector, in order
+DETECTOR_BACKBONES = ('SOFT-S', 'SOFT-S [grid16]', 'SOFT-S [cuda graphs]', 'Swin-T')
+# rows per detector, in order; 'SOFT-S [cuda graphs]' ('SOFT-S' with its stages replayed
+# from CUDA graphs, captured at the first call) on CUDA only
+CUDA_ONLY_BACKBONES = ('SOFT-S [cuda graphs]', )
 SWIN_T_WIDTHS = (96, 192, 384, 768)
 
 
 def detector_config(detector, backbone):
     """The config of ``detector`` ('RetinaNet', 'Mask R-CNN') with ``backbone`` ('SOFT-S'
-    or 'SOFT-S [grid16]' as shipped, or 'Swin-T': mmdet's SwinTransformer at the 'SOFT-S'
+    or 'SOFT-S [grid16]' as shipped, 'SOFT-S [cuda graphs]': 'SOFT-S' with its stages
+    replayed from CUDA graphs, captured at the first call, or 'Swin-T': mmdet's SwinTransformer at the 'SOFT-S'
     config's output stages and drop path rate, the neck's ``in_channels`` set to its
     widths)."""
     from mmengine.config import Config
@@ -40,6 +44,8 @@ def detector_config(detector, backbone):
         raise ValueError(f'backbone must be one of {DETECTOR_BACKBONES}, got {backbone!r}')
     configs = DETECTOR_CONFIGS[detector]
     cfg = Config.fromfile(repo_file(configs.get(backbone, configs['SOFT-S']), mim=True))
+    if backbone == 'SOFT-S [cuda graphs]':
+        cfg.model.backbone.cuda_graphs = dict(min_calls=1)
     if backbone == 'Swin-T':
         soft = cfg.model.backbone
         cfg.model.backbone = dict(type='SwinTransformer', out_indices=soft.out_indices,
@@ -105,13 +111,15 @@ def section_detector(args, out):
     from mmsoft.apis import init_model
     hw = parse_size(args.detector_size)
     b = args.train_batch
+    backbones = [n for n in DETECTOR_BACKBONES
+                 if n not in CUDA_ONLY_BACKBONES or args.device == 'cuda']
     models = {}
     logger = MMLogger.get_current_instance()
     level = logger.level
     logger.setLevel(logging.WARNING)  # not a line per parameter group
     try:
         for det in DETECTOR_CONFIGS:
-            for backbone in DETECTOR_BACKBONES:
+            for backbone in backbones:
                 cfg = detector_config(det, backbone)
                 torch.manual_seed(0)
                 model = init_model(cfg).to(args.device)
@@ -146,7 +154,7 @@ def section_detector(args, out):
              + (' peak train memory | vs Swin-T |' if peaks else ''),
              '|---|---|---|---|---|---|' + ('---|---|' if peaks else '')]
     for det in DETECTOR_CONFIGS:
-        for backbone in DETECTOR_BACKBONES:
+        for backbone in backbones:
             r = {step: med[det, backbone, step] for step in ('train', 'test')}
             base = {step: med[det, 'Swin-T', step] for step in ('train', 'test')}
             line = (f'| {det} | {backbone} | {fmt(r["train"])} | '

@@ -7,11 +7,14 @@
   train  forward + backward of SOFT-S (default and fast modes) and Swin-T at
          ``--train-batch`` images: a training step without the optimizer
 
+On CUDA both also time SOFT-S with its stages replayed from CUDA graphs (``GRAPH_MODES``:
+the paper's landmarks and ``landmark_grid=16``).
+
 ``--compile MODE`` adds SOFT-S and Swin-T under ``torch.compile(mode=MODE)`` to both.
 """
 import numpy as np
 
-from .common import build, faster, fmt, measure, parse_size, soft_modes
+from .common import GRAPH_MODES, build, faster, fmt, measure, parse_size, soft_modes
 
 SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
@@ -34,6 +37,9 @@ def section_speed(args, out):
             timed = {}
             for name in names:
                 timed[name] = measure(build(name), hw, args.device, args.repeat, amp=args.amp)
+            for mode in soft_modes(args, GRAPH_MODES) if 'SOFT-S' in names else ():
+                timed[f'SOFT-S [{mode}]'] = measure(build('SOFT-S', mode), hw, args.device,
+                                                    args.repeat, amp=args.amp)
             if not args.skip_official:
                 timed['SOFT-S official order'] = measure(
                     build('SOFT-S', 'official order'), hw, args.device,
@@ -101,7 +107,7 @@ def section_train(args, out):
     for size in args.sizes:
         hw = parse_size(size)
         modes = (('auto', ) if getattr(args, 'models', None) else
-                 ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16'))
+                 ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')) + GRAPH_MODES
         for mode in soft_modes(args, modes):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,

@@ -402,3 +402,36 @@ def test_child_measure_runs_in_a_fresh_process(tmp_path, monkeypatch, capsys):
     assert r is not None and r['time'] > 0 and math.isfinite(r['peak_mb'])
     assert child_measure('no such backbone', 'auto', '64x64', 'cpu', 0) is None
     assert 'no such backbone [auto] at 64x64 failed' in capsys.readouterr().out
+
+
+def test_cuda_graph_rows_on_cuda_only(monkeypatch):
+    """On CUDA the speed and train sections add SOFT-S replayed from CUDA graphs (the
+    paper's landmarks and landmark_grid=16), measured beside eager SOFT-S and Swin-T;
+    elsewhere, where the graphs would run eagerly, they leave them out."""
+    from mmsoft.benchmark import common, speed
+    monkeypatch.setattr(speed, 'build', lambda name, mode='auto': (name, mode))
+    monkeypatch.setattr(speed, 'measure', lambda *args, **kwargs: 1.0)
+    for device in ('cpu', 'cuda'):
+        args = argparse.Namespace(device=device, sizes=['64x64'], rounds=1, repeat=0,
+                                  amp=None, models=['SOFT-S', 'Swin-T'], skip_official=True,
+                                  compile=None, train_batch=1)
+        out = {}
+        speed.section_speed(args, out)
+        speed.section_train(args, out)
+        graphed = {k for section in ('speed', 'train') for k in out[section]
+                   if 'cuda graphs' in k}
+        assert graphed == (set() if device == 'cpu' else {
+            'SOFT-S [cuda graphs]', 'SOFT-S [grid16 + cuda graphs]'}), device
+    soft = common.build('SOFT-S', 'grid16 + cuda graphs')
+    assert soft.cuda_graphs.min_calls == 1  # captured at the untimed first call
+    assert soft.block1[0].att.mha.attn.landmark_grid == 16
+    assert common.build('SOFT-S', 'auto').cuda_graphs is None
+
+
+def test_detector_cuda_graph_rows_are_the_paper_config_with_graphs():
+    from mmsoft.benchmark import detector
+    for det in ('RetinaNet', 'Mask R-CNN'):
+        graphed, soft = (detector.detector_config(det, b)
+                         for b in ('SOFT-S [cuda graphs]', 'SOFT-S'))
+        assert graphed.model.backbone.pop('cuda_graphs') == dict(min_calls=1)
+        assert graphed.to_dict() == soft.to_dict()

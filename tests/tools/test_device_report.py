@@ -107,7 +107,8 @@ def _last(cmd, option, n=1):
 def test_compile_steps_measure_one_round_at_one_size():
     """A compiled model is compiled afresh for every measurement: the compile steps run
     one round at the detection size (their own options come last, so argparse keeps
-    them), the others three rounds at both sizes; --small's toy sizes win everywhere."""
+    them), the CUDA-graph step three rounds at the detection size, the others three
+    rounds at both sizes; --small's toy sizes win everywhere."""
     import argparse
     for small in (False, True):
         args = argparse.Namespace(device='cuda', small=small, out='o')
@@ -122,21 +123,21 @@ def test_compile_steps_measure_one_round_at_one_size():
             compiled = name.startswith('compile')
             if small:
                 assert _last(cmd, '--sizes') == ['64x64'], name
-            elif compiled:
-                assert _last(cmd, '--rounds') == ['1'] and _last(cmd, '--sizes', 2) == [
-                    '800x1344', '--skip-official'], name
+            elif compiled or name == 'graphs':
+                assert _last(cmd, '--rounds') == ['1' if compiled else '3'], name
+                assert _last(cmd, '--sizes', 2) == ['800x1344', '--skip-official'], name
             else:
                 assert _last(cmd, '--rounds') == ['3'], name
                 assert _last(cmd, '--sizes', 2) == ['512x512', '800x1344'], name
 
 
 def test_parts_split_the_steps():
-    """--part base needs no compiled mmcv ops; the compile steps and the detector step
-    (each part fits one call of the GPU machine) are parts of their own; what an H100
-    measured already is the extra part."""
+    """--part base needs no compiled mmcv ops; the compile and CUDA-graph steps and the
+    detector step (each part fits one call of the GPU machine) are parts of their own;
+    what an H100 measured already is the extra part."""
     parts = {name: step[0] for name, step in device_report.STEPS.items()}
     assert parts.pop('detector') == 'detector'
-    assert parts.pop('compile-ro') == parts.pop('compile') == 'compile'
+    assert parts.pop('compile-ro') == parts.pop('compile') == parts.pop('graphs') == 'compile'
     assert {parts.pop(n) for n in ('layout', 'bf16', 'fp16')} == {'extra'}
     assert set(parts.values()) == {'base'}
     assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fp32', 'memory-modes'} == set(parts)

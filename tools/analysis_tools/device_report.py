@@ -15,13 +15,16 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  official order (the floor every default keeps)
   fp32           benchmark --sections speed,train
   memory-modes   benchmark --sections memory,modes
-  --part compile (SOFT-S and Swin-T at 800x1344, one round; each measurement compiles
-  afresh and prints how long compiling took)
+  --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
+  afresh, in one round, and prints how long compiling took)
+  graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
+                 its stages replayed from CUDA graphs (cuda_graphs; exact and
+                 landmark_grid=16) against eager SOFT-S and Swin-T, three rounds
   compile        benchmark --sections speed,train --compile default
   compile-ro     the same with --compile reduce-overhead (CUDA graphs)
   --part detector (RetinaNet and Mask R-CNN need mmcv's compiled ops, which a fresh GPU
   machine builds first)
-  detector       benchmark --sections detector
+  detector       benchmark --sections detector (also SOFT-S with cuda_graphs)
   --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
                  kernel_chunk and kernel_once_up_to
@@ -91,8 +94,12 @@ STEPS = {
              'speed and training step, float32'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
-    # their own part (a call of its own): one round at the detection size, SOFT-S and
-    # Swin-T only, every measurement compiles its model afresh
+    # their own part (a call of its own): at the detection size, SOFT-S and Swin-T
+    # only; the CUDA graphs first (cheap), then torch.compile in one round, every
+    # measurement compiling its model afresh
+    'graphs': ('compile', 'benchmark', ['--sections', 'speed,train', '--models', 'SOFT-S',
+                                        'Swin-T', '--sizes', '800x1344', '--skip-official'],
+               "SOFT-S with cuda_graphs (its stages replayed from CUDA graphs)"),
     'compile': ('compile', 'benchmark', ['--sections', 'speed,train', '--compile', 'default',
                                          '--models', 'SOFT-S', 'Swin-T', '--rounds', '1',
                                          '--sizes', '800x1344', '--skip-official'],
