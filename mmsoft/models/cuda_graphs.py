@@ -37,7 +37,7 @@ __all__ = ['InferenceGraph', 'StageGraphs', 'TrainingGraph', 'can_capture',
            'check_cuda_graphs', 'signature']
 
 # ``cuda_graphs`` as a dict: these keys, these defaults.
-DEFAULTS = dict(min_calls=2, max_graphs=8)
+DEFAULTS = dict(min_calls=2, max_graphs=4)
 
 
 def check_cuda_graphs(value, family):
@@ -249,7 +249,7 @@ class StageGraphs:
             with a ``busy`` attribute (default: ``capture``, CUDA graphs).
     """
 
-    def __init__(self, min_calls=2, max_graphs=8, warmup=3, capture=capture):
+    def __init__(self, min_calls=2, max_graphs=4, warmup=3, capture=capture):
         self.min_calls, self.max_graphs, self.warmup = min_calls, max_graphs, warmup
         self.capture = capture
         self.clear()

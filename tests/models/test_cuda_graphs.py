@@ -27,7 +27,7 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CU
 def test_settings():
     assert check_cuda_graphs(False, 'SOFT') is None
     assert check_cuda_graphs(None, 'SOFT') is None
-    assert check_cuda_graphs(True, 'SOFT') == dict(min_calls=2, max_graphs=8)
+    assert check_cuda_graphs(True, 'SOFT') == dict(min_calls=2, max_graphs=4)
     assert check_cuda_graphs(dict(max_graphs=1), 'SOFT') == dict(min_calls=2, max_graphs=1)
     for bad, match in (('yes', 'must be True, False or a dict'),
                        (dict(max_graph=2), r"unknown keys \['max_graph'\]"),

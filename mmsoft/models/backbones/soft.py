@@ -275,7 +275,7 @@ class SOFT(Backbone):
             ~1200 small kernels per forward; the patch embeddings stay eager. True, or a
             dict with ``min_calls`` (capture an input size the n-th time it is seen,
             default 2) and ``max_graphs`` (at most so many sizes × train/eval modes per
-            stage, default 8; further sizes run eagerly). Each graph keeps its
+            stage, default 4; further sizes run eagerly). Each graph keeps its
             activations' memory, so it suits fixed-size inputs (segmentation crops,
             fixed-size detection batches). Not with ``with_cp`` or
             ``pinv_method='spectral'`` (eigh synchronizes with the host). On other
