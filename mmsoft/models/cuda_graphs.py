@@ -75,12 +75,15 @@ def can_capture(x):
 def signature(module, x, params, extra=()):
     """What a captured graph depends on besides the values of ``x`` and ``params``:
     ``x``'s shape, dtype, device and whether it needs a gradient, the module's mode,
-    gradient and inference mode, autocast, which parameters train, the float32
+    gradient and inference mode, autocast, which parameters train and where they and
+    the module's buffers live (a graph reads their addresses: a replica of
+    ``nn.DataParallel`` or reassigned ``.data`` gets graphs of its own), the float32
     precision of matmuls and convolutions (the kernels chosen at capture), and
     ``extra`` (the caller's: SOFT passes the token grid and the attention plan)."""
     return (tuple(x.shape), x.dtype, x.device, x.requires_grad, module.training,
             torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             autocast_dtype(x.device.type), tuple(p.requires_grad for p in params),
+            tuple(t.data_ptr() for t in params), tuple(b.data_ptr() for b in module.buffers()),
             torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
             tuple(extra))
 

@@ -146,6 +146,10 @@ def test_signature_tells_apart_what_a_graph_bakes_in():
     params[0].requires_grad_(False)
     seen['frozen parameter'] = sig()
     params[0].requires_grad_(True)
+    data = params[1].data
+    params[1].data = data.clone()  # the same values elsewhere
+    seen['parameter storage'] = sig()
+    params[1].data = data
     with torch.autocast('cpu', dtype=torch.bfloat16):
         seen['autocast'] = sig()
     precision = torch.get_float32_matmul_precision()
