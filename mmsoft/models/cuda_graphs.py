@@ -31,7 +31,7 @@ from collections import Counter
 import torch
 from torch.autograd.function import once_differentiable
 
-from .attention.dtypes import autocast_dtype, is_compiling
+from .attention.dtypes import autocast_dtype, float32_precision, is_compiling
 
 __all__ = ['InferenceGraph', 'StageGraphs', 'TrainingGraph', 'can_capture',
            'check_cuda_graphs', 'signature']
@@ -84,8 +84,7 @@ def signature(module, x, params, extra=()):
             torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             autocast_dtype(x.device.type), tuple(p.requires_grad for p in params),
             tuple(t.data_ptr() for t in params), tuple(b.data_ptr() for b in module.buffers()),
-            torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
-            tuple(extra))
+            float32_precision(), tuple(extra))
 
 
 def _warm_up(step, iters):

@@ -10,6 +10,7 @@ bounds catch is a replay reading stale inputs, weights or buffers (errors of ord
 import copy
 import pickle
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from conftest import data_path, fixture_model, rel_err
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import attention_plan
+from mmsoft.models.attention.dtypes import new_tf32_flags
 from mmsoft.models.cuda_graphs import StageGraphs, check_cuda_graphs, signature
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
@@ -91,6 +93,20 @@ class FakeGraph:
         return self.fn(x)
 
 
+@contextmanager
+def _matmul_tf32():
+    """TF32 matmuls inside the block, by the flag this torch has (torch >= 2.9 refuses
+    a mix of its new and its legacy flags)."""
+    mm = torch.backends.cuda.matmul
+    name = 'fp32_precision' if new_tf32_flags() else 'allow_tf32'
+    old = getattr(mm, name)
+    setattr(mm, name, 'tf32' if name == 'fp32_precision' else True)
+    try:
+        yield
+    finally:
+        setattr(mm, name, old)
+
+
 def _double(t):
     return 2 * t
 
@@ -152,12 +168,8 @@ def test_signature_tells_apart_what_a_graph_bakes_in():
     params[1].data = data
     with torch.autocast('cpu', dtype=torch.bfloat16):
         seen['autocast'] = sig()
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision('high' if precision == 'highest' else 'highest')
-    try:
+    with _matmul_tf32():
         seen['matmul precision'] = sig()
-    finally:
-        torch.set_float32_matmul_precision(precision)
     assert sig() == base
     for what, s in seen.items():
         assert s != base, what
@@ -226,12 +238,12 @@ def test_copies_and_moves_drop_the_graphs():
 # --------------------------------------------------------------------- on CUDA
 @pytest.fixture
 def no_tf32():
-    conv, mm = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.fp32_precision
     torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision('highest')
+    torch.backends.cuda.matmul.fp32_precision = 'ieee'
     yield
     torch.backends.cudnn.allow_tf32 = conv
-    torch.set_float32_matmul_precision(mm)
+    torch.backends.cuda.matmul.fp32_precision = mm
 
 
 def _pair(**kwargs):

@@ -47,7 +47,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .dtypes import compute_dtype, device_type, is_compiling
+from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags
 
 __all__ = [
     'EXACT_PINV_METHODS', 'check_pinv_options', 'newton_alpha', 'newton_pinv',
@@ -165,7 +165,7 @@ def truncate_tf32(x):
 def _cuda_tf32_matmuls():
     """Let cuBLAS use TF32 for float32 products inside the block (restored after)."""
     mm = torch.backends.cuda.matmul
-    if hasattr(mm, 'fp32_precision'):  # torch >= 2.9; mixing it with allow_tf32 raises
+    if new_tf32_flags():  # torch >= 2.9; mixing fp32_precision with allow_tf32 raises
         old = mm.fp32_precision
         if old != 'tf32':
             mm.fp32_precision = 'tf32'
