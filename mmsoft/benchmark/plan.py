@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mmsoft.models.attention import attention_plan
+from mmsoft.models.attention.dtypes import new_tf32_flags
 
 from .common import build, fmt, parse_size, time_call
 
@@ -117,12 +118,15 @@ def section_matmul(args, out):
              '|---|---|' + '---|' * len(kinds)]
     if args.device == 'cuda':
         mm = torch.backends.cuda.matmul
-        setting = (f'fp32_precision={mm.fp32_precision!r}' if hasattr(mm, 'fp32_precision')
-                   else f'allow_tf32={mm.allow_tf32}')
+
+        def flag():
+            return (f'fp32_precision={mm.fp32_precision!r}' if new_tf32_flags() else
+                    f'allow_tf32={mm.allow_tf32}')
+
+        setting = flag()
         from mmsoft.models.attention import newton
         with newton._cuda_tf32_matmuls():
-            inside = (f'fp32_precision={mm.fp32_precision!r}'
-                      if hasattr(mm, 'fp32_precision') else f'allow_tf32={mm.allow_tf32}')
+            inside = flag()
         lines.insert(0, f'cuBLAS float32 products: {setting} outside the TF32 steps, '
                      f'{inside} inside them.\n')
     rows = {}
