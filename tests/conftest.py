@@ -74,6 +74,18 @@ def force_plan():
         yield lambda *args, **kwargs: stack.enter_context(attention_plan(*args, **kwargs))
 
 
+@pytest.fixture
+def no_tf32():
+    """TF32 off for convolutions and matmuls until the test ends (the CUDA tests:
+    PyTorch runs convolutions in TF32 by default on Ampere and later GPUs)."""
+    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = 'ieee'
+    yield
+    torch.backends.cudnn.allow_tf32 = conv
+    torch.backends.cuda.matmul.fp32_precision = mm
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

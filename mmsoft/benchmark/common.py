@@ -69,8 +69,8 @@ SOFT_MODES = {
 }
 # Modes timed on CUDA only: emulated elsewhere ('tf32', 'tf32x3'), or eager there (the
 # CUDA-graph modes: the same as 'auto' and 'grid16').
-CUDA_ONLY_MODES = ('tf32', 'tf32x3', 'cuda graphs', 'grid16 + cuda graphs')
 GRAPH_MODES = ('cuda graphs', 'grid16 + cuda graphs')
+CUDA_ONLY_MODES = ('tf32', 'tf32x3') + GRAPH_MODES
 
 
 def mode_plan(mode):

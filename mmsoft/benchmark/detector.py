@@ -2,8 +2,8 @@
 losses → backward → optimizer step, batch ``--train-batch``) and one test forward per
 image of RetinaNet and Mask R-CNN from the shipped SOFT-S configs (the paper's, and the
 fast mode ``landmark_grid=16``; on CUDA also the paper's with ``cuda_graphs``), and of
-the paper's configs with Swin-T as the backbone, at ``--detector-size``: the ratio of mmengine's ``time:`` column (needs mmcv's compiled
-ops).
+the paper's configs with Swin-T as the backbone, at ``--detector-size``: the ratio of
+mmengine's ``time:`` column (needs mmcv's compiled ops).
 """
 import logging
 import time
@@ -36,9 +36,9 @@ SWIN_T_WIDTHS = (96, 192, 384, 768)
 def detector_config(detector, backbone):
     """The config of ``detector`` ('RetinaNet', 'Mask R-CNN') with ``backbone`` ('SOFT-S'
     or 'SOFT-S [grid16]' as shipped, 'SOFT-S [cuda graphs]': 'SOFT-S' with its stages
-    replayed from CUDA graphs, captured at the first call, or 'Swin-T': mmdet's SwinTransformer at the 'SOFT-S'
-    config's output stages and drop path rate, the neck's ``in_channels`` set to its
-    widths)."""
+    replayed from CUDA graphs, captured at the first call, or 'Swin-T': mmdet's
+    SwinTransformer at the 'SOFT-S' config's output stages and drop path rate, the
+    neck's ``in_channels`` set to its widths)."""
     from mmengine.config import Config
     if backbone not in DETECTOR_BACKBONES:
         raise ValueError(f'backbone must be one of {DETECTOR_BACKBONES}, got {backbone!r}')

@@ -251,7 +251,8 @@ class StageGraphs:
             with a ``busy`` attribute (default: ``capture``, CUDA graphs).
     """
 
-    def __init__(self, min_calls=2, max_graphs=4, warmup=3, capture=capture):
+    def __init__(self, min_calls=DEFAULTS['min_calls'], max_graphs=DEFAULTS['max_graphs'],
+                 warmup=3, capture=capture):
         self.min_calls, self.max_graphs, self.warmup = min_calls, max_graphs, warmup
         self.capture = capture
         self.clear()

@@ -15,17 +15,8 @@ from mmsoft.models.attention import soft_attention
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU'),
+    pytest.mark.usefixtures('no_tf32'),  # tests/conftest.py
 ]
-
-
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.fp32_precision = 'ieee'
-    yield
-    torch.backends.cudnn.allow_tf32 = conv
-    torch.backends.cuda.matmul.fp32_precision = mm
 
 
 # Every exact pinv mode, in the official depthwise-conv layout; the default mode also in

@@ -236,16 +236,6 @@ def test_copies_and_moves_drop_the_graphs():
 
 
 # --------------------------------------------------------------------- on CUDA
-@pytest.fixture
-def no_tf32():
-    conv, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.fp32_precision = 'ieee'
-    yield
-    torch.backends.cudnn.allow_tf32 = conv
-    torch.backends.cuda.matmul.fp32_precision = mm
-
-
 def _pair(**kwargs):
     """(graphed, eager): the fixture model on CUDA, the same weights twice."""
     graphed = fixture_model(cuda_graphs=dict(min_calls=1), **kwargs).cuda()

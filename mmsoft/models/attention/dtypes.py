@@ -1,6 +1,7 @@
 """Where the attention of both families computes: the dtype of its small products, the
 device type and dtype autocast knows, the float32 precision of matmuls and convolutions,
-and whether torch.compile is tracing it (under the names of every torch from 2.1 on). No per-device choices here (``plan.py``)."""
+and whether torch.compile is tracing it (under the names of every torch from 2.1 on).
+No per-device choices here (``plan.py``)."""
 import torch
 
 __all__ = ['autocast_dtype', 'compute_dtype', 'device_type', 'float32_precision',

@@ -431,8 +431,8 @@ class SOFT(Backbone):
         return modules, params
 
     def _apply(self, fn, *args, **kwargs):
-        # .to(), .cuda(), .half() give the parameters new storage: the graphs hold the
-        # old addresses
+        # .to(), .cuda(), .half() give the parameters new storage: graphs of the old
+        # addresses would never replay again (the signature holds them), so free them
         if getattr(self, 'cuda_graphs', None) is not None:
             self.cuda_graphs.clear()
         return super()._apply(fn, *args, **kwargs)
