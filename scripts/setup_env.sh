@@ -64,6 +64,20 @@ trap 'fail "step failed at line $LINENO (see the output above). Fix the cause an
 "$PYTHON" -c "import sys; assert sys.version_info >= (3, $MIN_PY)" \
   || fail "$PYTHON is missing or older than 3.$MIN_PY (the $STACK stack); set PYTHON=/path/to/python3."
 
+# A new environment takes 5.6-6.6 GiB (torch and its CUDA libraries; 6.5 GiB at the peak of
+# a fresh default set-up). Check the disk before downloading rather than stop halfway
+# with pip's "No space left on device". An environment that already has torch is not
+# checked: what is left to install is small.
+NEED_GIB=8
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  DISK="$VENV"
+  while [ ! -d "$DISK" ]; do DISK="$(dirname "$DISK")"; done
+  FREE_GIB="$(df -Pk "$DISK" | awk 'NR == 2 { print int($4 / 1048576) }')"
+  [ "${FREE_GIB:-0}" -ge "$NEED_GIB" ] || fail "the disk holding $VENV has $FREE_GIB GiB free; \
+a new $STACK environment needs about $NEED_GIB GiB. Free some space (or set MMSOFT_VENV to \
+a folder on another disk) and run this script again."
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
   "$PYTHON" -m venv "$VENV" || fail "could not create $VENV (install python3-venv)."

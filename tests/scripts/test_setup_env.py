@@ -1,9 +1,13 @@
 """scripts/setup_env.sh prints no expected ERROR: mim's opendatalab, left out on purpose,
-would make pip print "ERROR: pip's dependency resolver ..." after an install step."""
+would make pip print "ERROR: pip's dependency resolver ..." after an install step. It
+refuses to start a new environment on a disk too full to hold one."""
+import os
 import os.path as osp
 import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -48,3 +52,26 @@ def test_pip_check_lists_only_the_missing_opendatalab():
     other = [line for line in lines if not MISSING_OPENDATALAB.fullmatch(line)
              and not line.startswith('No broken requirements')]
     assert not other, other
+
+
+@pytest.mark.parametrize('free_gib', [3, 5])
+def test_new_environment_needs_free_disk(tmp_path, free_gib):
+    """A new environment (6.5 GiB at the peak of a fresh set-up) is refused before anything
+    is downloaded or created when the disk has less than the script asks for; the message
+    gives the free space df reports. A stand-in df in PATH plays the full disk."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    df = shim / 'df'
+    df.write_text('#!/bin/sh\n'
+                  'echo "Filesystem 1024-blocks Used Available Capacity Mounted on"\n'
+                  f'echo "/dev/x 100000000 90000000 {free_gib * 1048576} 97% /"\n')
+    df.chmod(0o755)
+    venv = tmp_path / 'new' / 'venv'
+    env = dict(os.environ, PATH=f'{shim}{os.pathsep}{os.environ["PATH"]}',
+               MMSOFT_VENV=str(venv))
+    res = subprocess.run(['bash', SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f'has {free_gib} GiB free' in res.stderr, res.stderr
+    assert re.search(r'needs about \d+ GiB', res.stderr), res.stderr
+    assert not (tmp_path / 'new').exists()
