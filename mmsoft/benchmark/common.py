@@ -49,6 +49,9 @@ SOFT_MODES = {
                  'same 20-step iterate via a float64 eigendecomposition'),
     'spectral, float32 eigh': (dict(pinv_method='spectral'), dict(eigh_dtype='float32'),
                                'the same via a float32 eigendecomposition'),
+    'spectral, mixed eigh': (dict(pinv_method='spectral'), dict(eigh_dtype='mixed'),
+                             'the same via float32 eigendecompositions, float64 where '
+                             'float32 is not accurate enough'),
     'tf32': (dict(pinv_method='tf32'), None,
              "same iterate, TF32 products between the plan's float32 steps (emulated off "
              'CUDA)'),

@@ -35,8 +35,10 @@ PINV_PATHS = {
     'tf32x3': dict(method='tf32x3'),
     'iterative, thin': dict(method='iterative', thin=True),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
+    'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),
 }
-PLAN_PATHS = ('iterative', 'spectral', 'tf32', 'tf32, padded to 8', 'tf32x3')
+PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'tf32', 'tf32, padded to 8',
+              'tf32x3')
 
 
 def kernel_bound(floor):

@@ -15,6 +15,7 @@ the other side than in float64 moves the whole gradient through it, in float32 t
                           official code computes: float32's own rounding)
   iterative               the formed float32 iterate
   spectral64, spectral32  one eigendecomposition in float64 / float32
+  spectral-mixed          float32 where a first-order bound allows it, else float64
   tf32-F-L                TF32 products between F float32 steps first and L last, e.g.
                           tf32-1-2; tf32-F-L-padN: with m zero-padded to a multiple of N
   tf32x3                  three TF32 products of split operands per product
@@ -51,6 +52,7 @@ def path_plan(name, device):
         'iterative': replace(base, pinv='iterative'),
         'spectral64': replace(base, pinv='spectral', eigh_dtype='float64'),
         'spectral32': replace(base, pinv='spectral', eigh_dtype='float32'),
+        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed'),
         'tf32x3': replace(base, pinv='tf32x3'),
     }
     if name in fixed:

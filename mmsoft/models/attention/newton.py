@@ -10,7 +10,9 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  any plan: ``_apply_thin``).
     'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues,
                  applied to the thin matrix (``_spectral_factors``; ``eigh_dtype``
-                 float64 or float32 for a float32 A).
+                 float64, float32 or 'mixed' for a float32 A: float32 where a first-order
+                 error bound allows it, the Perron eigenpair split off in float64
+                 first, ``_mixed_spectral_factors``).
     'tf32'       the iteration with TF32 tensor-core products (CUDA) between float32
                  steps: ``tf32_float32_steps`` = (first, last) float32 steps. The first
                  float32 step keeps eigenvalues on the step size's boundary (αλ² ≈ 2,
@@ -61,6 +63,11 @@ EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
 # otherwise; the measurements behind them are beside the plans in ``plan.py``).
 EIGH_DTYPE = 'float64'
 TF32_FLOAT32_STEPS = (1, 8)
+EIGH_DTYPES = ('float64', 'float32', 'mixed')
+# 'mixed' (``_mixed_spectral_factors``): power-iteration steps for the Perron eigenpair,
+# and the largest first-order error estimate a float32 decomposition may have.
+PERRON_STEPS = 12
+MIXED_ESTIMATE_LIMIT = 4e-4
 
 
 def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'):
@@ -68,8 +75,8 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
     arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
     pad_to}. ``pad_name`` names the padding in the error (the argument or the plan's
     field)."""
-    if eigh_dtype not in ('float32', 'float64'):
-        raise ValueError(f"eigh_dtype must be 'float32' or 'float64', got {eigh_dtype!r}")
+    if eigh_dtype not in EIGH_DTYPES:
+        raise ValueError(f'eigh_dtype must be one of {EIGH_DTYPES}, got {eigh_dtype!r}')
     steps = tf32_float32_steps
     if (not isinstance(steps, (tuple, list)) or len(steps) != 2
             or any(not isinstance(n, int) or n < 0 for n in steps)):
@@ -306,6 +313,95 @@ def _spectral_factors(A, alpha, iters, eigh_dtype=torch.float64):
     return U, _spectral_filter(lam, alpha.to(wide), iters)
 
 
+def _filter_slope(lam, alpha, iters):
+    """v_T'(λ), the slope of ``_spectral_filter``: with y = 1 - αλ² and p = 2^T,
+    v_T'(λ) = (2αpλ²·y^(p-1) - (1 - y^p)) / λ², → α·p as λ → 0. Float64 in and out."""
+    a, p = alpha.squeeze(-1), float(2**iters)
+    x = a * lam * lam
+    y = 1 - x
+    # y^(p-1) = sign(y)·|y|^(p-1) (p - 1 is odd); |y| ≤ 1.01 for the α of newton_alpha
+    y_pm1 = torch.sign(y) * torch.exp((p - 1) * torch.log(y.abs().clamp_min(1e-300)))
+    tiny = x < 1e-12  # where the quotient cancels: the limit α·p
+    slope = (2 * p * x * y_pm1 - (1 - y * y_pm1)) / torch.where(tiny, torch.ones_like(lam),
+                                                                 lam * lam)
+    return torch.where(tiny, a * p, slope)
+
+
+def _perron_pair(A, A64, steps=PERRON_STEPS):
+    """A's largest eigenvalue μ and its unit eigenvector x (the Perron pair of a kernel
+    with positive entries) by ``steps`` power-iteration steps from A·1, the last two in
+    float64 (the others in float32: half the memory traffic), and the float64 residual
+    ||A·x - μ·x||. A (..., m, m) symmetric float32 and A64 the same in float64; returns
+    (..., 1, 1), (..., m, 1), (..., 1, 1), float64."""
+    # Row vectors: xᵀ·A (= (A·x)ᵀ, A symmetric) runs as a matrix product, ~4× faster on
+    # the CPU than A·x as a batched product with one column.
+    x = A.sum(-2, keepdim=True)  # (..., 1, m)
+    for k in range(steps):
+        if k == steps - 2:
+            x = x.double()
+        x = (x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)) @ (
+            A64 if x.dtype == torch.float64 else A)
+    x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    xA = x @ A64
+    mu = xA @ x.transpose(-1, -2)
+    residual = torch.linalg.vector_norm(xA - mu * x, dim=-1, keepdim=True)
+    return mu, x.transpose(-1, -2), residual
+
+
+def _mixed_spectral_factors(A, alpha, iters):
+    """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of a float32 symmetric A (..., m, m),
+    from a float32 eigendecomposition where that is accurate enough, a float64 one
+    elsewhere. U is (..., m, m + 1): A's eigenvectors and the Perron vector.
+
+    A float32 eigh is exact for a matrix within δ ≈ eps·√m·||A|| of A; to first order
+    that moves the filter by δ times its divided differences, at most δ·max|v_T'|
+    (Daleckii–Krein), so the relative error of Y is about
+    est = eps·√m·max|λ|·max|v_T'(λ)| / max|v_T| over the computed eigenvalues. Measured
+    against the float64 iterate, the deviation of Y·Z stayed below 2.3× est (the hard
+    kernels of ``mmsoft.testing`` at m = 64-400, SOFT-S's 1050×1050 kernels at 800×1344
+    on photos, a silhouette, a text page and a near-blank wall; docs/en/notes/numerics.md),
+    and SOFT-S's kernels have est ≈ 2.2e-4-2.5e-4. A matrix whose est exceeds
+    ``MIXED_ESTIMATE_LIMIT`` (2.5 × 4e-4 = the 1e-3 hard-kernel bound) is decomposed in
+    float64 instead.
+
+    ||A|| is mostly the Perron eigenvalue μ of a Gaussian kernel (λ₁/λ₂ ≈ 10 on SOFT's
+    kernels; far more on near-duplicate landmarks, where float32 eigh alone deviates
+    up to 5e-3). So μ and its vector x come first, in float64 (``_perron_pair``); where
+    they have converged (residual ≤ eps·μ/16) the float32 decomposition is of
+    A - μ·x·xᵀ (formed in float64, then rounded), whose norm is λ₂, and x joins U with
+    v_T(μ). A and A - μ·x·xᵀ have the same eigenvectors, and x's eigenvalue 0 there has
+    v_T(0) = 0, so the iterate is the same.
+
+    Returns:
+        (Tensor, Tensor): U (..., m, m + 1) and v (..., m + 1), float32.
+    """
+    eps = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
+    A64 = A.double()
+    alpha64 = alpha.double()
+    mu, x, residual = _perron_pair(A, A64)
+    split = residual <= eps * mu / 16
+    mu = torch.where(split, mu, torch.zeros_like(mu))
+    x = torch.where(split, x, torch.zeros_like(x))
+    m = A.shape[-1]
+    rest = torch.baddbmm(A64.reshape(-1, m, m), x.reshape(-1, m, 1),
+                         (mu * x).reshape(-1, 1, m), alpha=-1)  # A - μ·x·xᵀ
+    lam, U = torch.linalg.eigh(rest.view(A.shape).float())
+    lam = lam.double()
+    v = _spectral_filter(lam, alpha64, iters)
+    est = (eps * A.shape[-1]**0.5 * lam.abs().amax(-1)
+           * _filter_slope(lam, alpha64, iters).abs().amax(-1)
+           / torch.maximum(v.abs().amax(-1), _spectral_filter(mu[..., 0], alpha64,
+                                                              iters).abs()[..., 0]))
+    wide = est > MIXED_ESTIMATE_LIMIT  # (...): these in float64, whole
+    if wide.any():
+        lam64, U64 = torch.linalg.eigh(A64[wide])
+        v[wide] = _spectral_filter(lam64, alpha64[wide], iters)
+        U[wide] = U64.float()
+        mu[wide], x[wide] = 0, 0
+    v_mu = _spectral_filter(mu[..., 0], alpha64, iters)
+    return torch.cat([U, x.float()], -1), torch.cat([v, v_mu], -1).float()
+
+
 def _padded(A, pad_to):
     """A (..., m, m) zero-padded to a multiple of ``pad_to`` landmarks. The iterations from
     V₀ = αA (α of the unpadded A) give the same iterate in the leading m×m block: A's
@@ -331,7 +427,9 @@ class _NewtonInverse:
     def of(cls, A, iters, method, nonnegative, options):
         alpha = newton_alpha(A, nonnegative=nonnegative)
         if method == 'spectral':
-            dtype = getattr(torch, options['eigh_dtype'])
+            if options['eigh_dtype'] == 'mixed' and A.dtype == torch.float32:
+                return cls(method, *_mixed_spectral_factors(A, alpha, iters))
+            dtype = getattr(torch, options['eigh_dtype'].replace('mixed', 'float64'))
             return cls(method, *_spectral_factors(A, alpha, iters, dtype))
         m = A.shape[-1]
         A3 = _padded(A, options['pad_to'])
@@ -444,8 +542,9 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
             value up to rounding. (The device's choice, 'auto', is ``plan.py``'s.)
         nonnegative (bool): A is symmetric with nonnegative entries; α is then found in
             O(m²) (same value, see ``newton_alpha``).
-        eigh_dtype (str): 'float64' or 'float32': 'spectral''s eigendecomposition of a
-            float32 A.
+        eigh_dtype (str): 'float64', 'float32' or 'mixed' (float32 where a first-order
+            error bound allows it, ``_mixed_spectral_factors``): 'spectral''s
+            eigendecomposition of a float32 A.
         tf32_float32_steps (tuple[int, int]): 'tf32''s float32 steps before and after
             its TF32 steps (``_schedule``).
         pad_to (int): the iterations run on A zero-padded to a multiple of this many

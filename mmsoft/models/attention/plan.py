@@ -7,7 +7,8 @@ changes what is computed, only how (up to float rounding):
     pinv               how 'auto' computes the 20-step Newton–Raphson iterate, by the
                        landmark count m (``newton.py``)
     eigh_dtype         'spectral': the eigendecomposition's dtype for a float32 kernel
-                       ('float64' or 'float32')
+                       ('float64', 'float32', or 'mixed': float32 where a first-order
+                       error bound allows it, float64 elsewhere)
     tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
@@ -69,7 +70,7 @@ class AttentionPlan:
     Args:
         pinv (tuple[tuple[int | None, str]] | str): (largest m, method) pairs tried in
             order, the last with None (every m); a method name means every m.
-        eigh_dtype (str): 'float64' or 'float32'.
+        eigh_dtype (str): 'float64', 'float32' or 'mixed'.
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
@@ -156,13 +157,18 @@ class AttentionPlan:
 #   CUDA keeps 'iterative'. 'tf32x3' keeps both floors too (emulated; the CUDA parity
 #   tests pass with it) but was slower there than float32: opt-in too.
 #
-# eigh_dtype ('spectral'): float64 on every device. Float32 eigh would take SOFT-S's CPU
-#   forward at 800×1344 from 5.86× to ~3.6× Swin-T's (`--sections modes`: 5.24 s against
-#   8.46 s) and keeps the output floor on real images (worst map 6.3e-6 at 800×1344, 6
-#   images; `tools/analysis_tools/fidelity.py --size 800x1344 --paths default
-#   spectral32`), but misses the hard-kernel bound on near-rank-1 landmarks (1.6e-3 to
-#   3.3e-3 from the float64 iterate, bound 1e-3; `tools/analysis_tools/pinv_accuracy.py
-#   --seeds 0 1 2 3`).
+# eigh_dtype ('spectral'): 'mixed' on the CPU (float64 elsewhere: no other plan runs
+#   'spectral'). Plain float32 eigh keeps the output floor on real images (worst map
+#   6.3e-6 at 800×1344, 6 images; `tools/analysis_tools/fidelity.py --size 800x1344
+#   --paths default spectral32`) but misses the hard-kernel bound on near-rank-1
+#   landmarks (1.6e-3 to 4.7e-3 from the float64 iterate, bound 1e-3;
+#   `tools/analysis_tools/pinv_accuracy.py --sizes 64 196 400 --seeds 0 1 2 3`). 'mixed'
+#   splits off the Perron pair in float64 first and decomposes in float64 what its error
+#   estimate flags: worst deviation on those kernels 0.53 of the bound, as float64 eigh
+#   (``newton._mixed_spectral_factors``). SOFT-S's forward at 800×1344 on the CPU, the
+#   three alternated in one process (3 rounds, medians): float64 11.94 s, 'mixed'
+#   8.35 s, float32 7.52 s; 20 of its 1050×1050 kernels: eigh float64 2.19 s, float32
+#   1.19 s, 'mixed' 1.37 s.
 #
 # tf32_float32_steps ('tf32'; every plan): (1, 8), TF32 emulated by truncation (the worse
 #   of the conversions tensor cores apply). The first float32 step keeps kernels near
@@ -203,7 +209,7 @@ class AttentionPlan:
 #   training step at batch 2 3.5 ms vs 7.6 ms); 'channels' only in stage 2's training
 #   step at 800×1344 (0.7 vs 0.9 ms).
 _PLANS = {
-    'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')),
+    'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')), eigh_dtype='mixed',
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv='iterative', kernel_chunk=2**24, kernel_once_up_to=None,

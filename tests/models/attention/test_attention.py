@@ -441,6 +441,39 @@ def test_the_measured_alternatives_miss_the_bound():
     assert out['bound'] < out['iterative, thin inference'] < float('inf')
 
 
+def test_mixed_eigh_keeps_the_bound_where_float32_eigh_misses_it():
+    """'mixed' splits off the Perron pair in float64 where it has converged (near-rank-1
+    landmarks: float32 eigh alone 1.6e-3-3.4e-3, over the bound) and decomposes in
+    float64 what its error estimate flags (the step size's boundary: float32 eigh 10× the
+    bound on this kernel); elsewhere it runs float32 eigh, whose rounding shows against
+    the float64 decomposition (clustered landmarks: 4.7e-5 against 9.4e-8)."""
+    mixed, f32 = 'spectral, mixed eigh', 'spectral, float32 eigh'
+    for kind, m, seed in (('near_rank1', 64, 0), ('boundary', 64, 1)):
+        out = pinv_accuracy(kind, m, seed, paths=(mixed, f32))
+        assert out[f'{f32} inference'] > out['bound'], (kind, out)  # the case is hard
+        assert out[f'{mixed} inference'] <= out['bound'] / 1.5, (kind, out)
+        assert out[f'{mixed} training'] <= out['bound'] / 1.5, (kind, out)
+    out = pinv_accuracy('clustered', 196, paths=(mixed, 'spectral'))
+    assert out[f'{mixed} inference'] > 10 * out['spectral inference'], out
+
+
+def test_filter_slope_is_the_derivative_of_the_filter():
+    """The slope 'mixed''s error estimate reads, against central differences of the
+    filter, across its regimes: linear (λ → 0, slope α·2^T), turning over, 1/λ, and near
+    the step size's boundary αλ² = 2."""
+    from mmsoft.models.attention.newton import _filter_slope, _spectral_filter
+    alpha = torch.tensor([[0.5]], dtype=torch.float64)
+    lam = torch.tensor([[1e-9, 1e-4, 1.4e-3, 1e-2, 0.5, 1.0, 1.9, 1.99999]],
+                       dtype=torch.float64)
+    h = lam * 1e-6
+    h[0, -1] = 1e-11  # within 2e-5 of the boundary the filter's exponent moves by ~2^20·h
+    numeric = (_spectral_filter(lam + h, alpha, 20) - _spectral_filter(lam - h, alpha, 20)) / (
+        2 * h)
+    slope = _filter_slope(lam, alpha, 20)
+    assert torch.allclose(slope, numeric, rtol=1e-4, atol=0), (slope, numeric)
+    assert slope[0, 0] == 0.5 * 2**20
+
+
 def test_tf32_needs_a_first_float32_step_near_the_boundary():
     """On a kernel whose top eigenvalues sit on the step size's boundary (αλ² ≈ 2), where
     the iterate is ill-conditioned, TF32 rounding of V₀ = αA moves αλ²: cut toward zero
