@@ -353,21 +353,21 @@ def _mixed_spectral_factors(A, alpha, iters):
     from a float32 eigendecomposition where that is accurate enough, a float64 one
     elsewhere. U is (..., m, m + 1): A's eigenvectors and the Perron vector.
 
-    A float32 eigh is exact for a matrix within δ ≈ eps·√m·||A|| of A; to first order
-    that moves the filter by δ times its divided differences, at most δ·max|v_T'|
-    (Daleckii–Krein), so the relative error of Y is about
-    est = eps·√m·max|λ|·max|v_T'(λ)| / max|v_T| over the computed eigenvalues. Measured
+    A float32 eigh is exact for a matrix within δ ≈ u·√m·||A|| of A (u = 2^-24, float32's
+    unit roundoff); to first order that moves the filter by δ times its divided
+    differences, at most δ·max|v_T'| (Daleckii–Krein), so the relative error of Y is
+    about est = u·√m·max|λ|·max|v_T'(λ)| / max|v_T| over the computed eigenvalues. Measured
     against the float64 iterate, the deviation of Y·Z stayed below 2.3× est (the hard
     kernels of ``mmsoft.testing`` at m = 64-400, SOFT-S's 1050×1050 kernels at 800×1344
     on photos, a silhouette, a text page and a near-blank wall; docs/en/notes/numerics.md),
-    and SOFT-S's kernels have est ≈ 2.2e-4-2.5e-4. A matrix whose est exceeds
+    and SOFT-S's kernels have est ≈ 2.2e-4-2.7e-4. A matrix whose est exceeds
     ``MIXED_ESTIMATE_LIMIT`` (2.5 × 4e-4 = the 1e-3 hard-kernel bound) is decomposed in
     float64 instead.
 
     ||A|| is mostly the Perron eigenvalue μ of a Gaussian kernel (λ₁/λ₂ ≈ 10 on SOFT's
     kernels; far more on near-duplicate landmarks, where float32 eigh alone deviates
     up to 5e-3). So μ and its vector x come first, in float64 (``_perron_pair``); where
-    they have converged (residual ≤ eps·μ/16) the float32 decomposition is of
+    they have converged (residual ≤ u·μ/16) the float32 decomposition is of
     A - μ·x·xᵀ (formed in float64, then rounded), whose norm is λ₂, and x joins U with
     v_T(μ). A and A - μ·x·xᵀ have the same eigenvectors, and x's eigenvalue 0 there has
     v_T(0) = 0, so the iterate is the same.
@@ -375,11 +375,11 @@ def _mixed_spectral_factors(A, alpha, iters):
     Returns:
         (Tensor, Tensor): U (..., m, m + 1) and v (..., m + 1), float32.
     """
-    eps = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
+    u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
     A64 = A.double()
     alpha64 = alpha.double()
     mu, x, residual = _perron_pair(A, A64)
-    split = residual <= eps * mu / 16
+    split = residual <= u * mu / 16
     mu = torch.where(split, mu, torch.zeros_like(mu))
     x = torch.where(split, x, torch.zeros_like(x))
     m = A.shape[-1]
@@ -388,7 +388,7 @@ def _mixed_spectral_factors(A, alpha, iters):
     lam, U = torch.linalg.eigh(rest.view(A.shape).float())
     lam = lam.double()
     v = _spectral_filter(lam, alpha64, iters)
-    est = (eps * A.shape[-1]**0.5 * lam.abs().amax(-1)
+    est = (u * m**0.5 * lam.abs().amax(-1)
            * _filter_slope(lam, alpha64, iters).abs().amax(-1)
            / torch.maximum(v.abs().amax(-1), _spectral_filter(mu[..., 0], alpha64,
                                                               iters).abs()[..., 0]))
