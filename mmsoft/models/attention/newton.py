@@ -388,17 +388,15 @@ def _mixed_spectral_factors(A, alpha, iters):
     lam, U = torch.linalg.eigh(rest.view(A.shape).float())
     lam = lam.double()
     v = _spectral_filter(lam, alpha64, iters)
+    v_mu = _spectral_filter(mu[..., 0], alpha64, iters)  # (..., 1); 0 where not split
     est = (u * m**0.5 * lam.abs().amax(-1)
            * _filter_slope(lam, alpha64, iters).abs().amax(-1)
-           / torch.maximum(v.abs().amax(-1), _spectral_filter(mu[..., 0], alpha64,
-                                                              iters).abs()[..., 0]))
+           / torch.maximum(v.abs().amax(-1), v_mu.abs()[..., 0]))
     wide = est > MIXED_ESTIMATE_LIMIT  # (...): these in float64, whole
     if wide.any():
-        lam64, U64 = torch.linalg.eigh(A64[wide])
-        v[wide] = _spectral_filter(lam64, alpha64[wide], iters)
+        U64, v[wide] = _spectral_factors(A64[wide], alpha64[wide], iters)
         U[wide] = U64.float()
-        mu[wide], x[wide] = 0, 0
-    v_mu = _spectral_filter(mu[..., 0], alpha64, iters)
+        x[wide], v_mu[wide] = 0, 0
     return torch.cat([U, x.float()], -1), torch.cat([v, v_mu], -1).float()
 
 
@@ -429,7 +427,9 @@ class _NewtonInverse:
         if method == 'spectral':
             if options['eigh_dtype'] == 'mixed' and A.dtype == torch.float32:
                 return cls(method, *_mixed_spectral_factors(A, alpha, iters))
-            dtype = getattr(torch, options['eigh_dtype'].replace('mixed', 'float64'))
+            # 'mixed' of a float64 A: float64, as never below A's dtype
+            dtype = torch.float64 if options['eigh_dtype'] == 'mixed' else getattr(
+                torch, options['eigh_dtype'])
             return cls(method, *_spectral_factors(A, alpha, iters, dtype))
         m = A.shape[-1]
         A3 = _padded(A, options['pad_to'])
