@@ -94,7 +94,7 @@ def test_a_changed_json_value_changes_the_cells(docs):
         data['memory']['SOFT-S [grid16]']['train']['peak_mb'] = swin / 2
 
     edit_json(json_dir, 'cuda_h100/fp32.json', soft_h100)
-    edit_json(json_dir, 'cpu_memory_2026-11-24.json', grid16_cpu)
+    edit_json(json_dir, 'cpu_memory_2026-11-25.json', grid16_cpu)
     before = readme_cells(readme.read_text(), 'SOFT-S')
     assert tables.main(args + ['--check']) == 1
     assert tables.main(args) == 0

@@ -51,8 +51,8 @@ LINK_BASE = '../benchmark/'  # docs/benchmark/ as linked from docs/en/benchmarks
 # commands behind them are in benchmarks.md and in cuda_h100/report.md.
 SOURCES = {
     'A': ('cpu_2026-11-24.json', 'run A'),
-    'B': ('cpu_speed_2026-11-24.json', 'run B'),
-    'C': ('cpu_memory_2026-11-24.json', 'run C'),
+    'B': ('cpu_speed_2026-11-25.json', 'run B'),
+    'C': ('cpu_memory_2026-11-25.json', 'run C'),
     'cpu-compile': ('cpu_compile_2026-11-24.json', 'the CPU compile run'),
     'fp32': ('cuda_h100/fp32.json', 'H100 fp32'),
     'bf16': ('cuda_h100/bf16.json', 'H100 bf16'),
