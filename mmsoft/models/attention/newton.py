@@ -372,32 +372,53 @@ def _mixed_spectral_factors(A, alpha, iters):
     v_T(μ). A and A - μ·x·xᵀ have the same eigenvectors, and x's eigenvalue 0 there has
     v_T(0) = 0, so the iterate is the same.
 
+    One kernel at a time (``_mixed_factors_into``): its float64 copy (8.8 MB at m = 1050)
+    and the power steps stay in cache, and eigh writes the eigenvectors straight into
+    the result. On SOFT-S's forward at 800×1344 this took the overhead over plain float32
+    eigh from about 19 % to 10 % of the eigh time (docs/en/notes/per_device_plans.md).
+
     Returns:
-        (Tensor, Tensor): U (..., m, m + 1) and v (..., m + 1), float32.
+        (Tensor, Tensor): U (..., m, m + 1) (a transposed view: column-major, as eigh
+        returns it) and v (..., m + 1), float32.
     """
-    u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
-    A64 = A.double()
-    alpha64 = alpha.double()
-    mu, x, residual = _perron_pair(A, A64)
-    split = residual <= u * mu / 16
-    mu = torch.where(split, mu, torch.zeros_like(mu))
-    x = torch.where(split, x, torch.zeros_like(x))
     m = A.shape[-1]
-    rest = torch.baddbmm(A64.reshape(-1, m, m), x.reshape(-1, m, 1),
-                         (mu * x).reshape(-1, 1, m), alpha=-1)  # A - μ·x·xᵀ
-    lam, U = torch.linalg.eigh(rest.view(A.shape).float())
-    lam = lam.double()
-    v = _spectral_filter(lam, alpha64, iters)
-    v_mu = _spectral_filter(mu[..., 0], alpha64, iters)  # (..., 1); 0 where not split
-    est = (u * m**0.5 * lam.abs().amax(-1)
-           * _filter_slope(lam, alpha64, iters).abs().amax(-1)
-           / torch.maximum(v.abs().amax(-1), v_mu.abs()[..., 0]))
-    wide = est > MIXED_ESTIMATE_LIMIT  # (...): these in float64, whole
-    if wide.any():
-        U64, v[wide] = _spectral_factors(A64[wide], alpha64[wide], iters)
-        U[wide] = U64.float()
-        x[wide], v_mu[wide] = 0, 0
-    return torch.cat([U, x.float()], -1), torch.cat([v, v_mu], -1).float()
+    batch = A.shape[:-2]
+    Ut = A.new_empty(*batch, m + 1, m)  # Uᵀ
+    lam = A.new_empty(*batch, m)
+    v = torch.empty(*batch, m + 1, dtype=torch.float64, device=A.device)
+    for args in zip(A.reshape(-1, m, m), alpha.reshape(-1, 1, 1).double(),
+                    Ut.view(-1, m + 1, m), lam.view(-1, m), v.view(-1, m + 1)):
+        _mixed_factors_into(*args, iters)
+    return Ut.mT, v.float()
+
+
+def _mixed_factors_into(a, alpha, Ut, lam, v, iters):
+    """``_mixed_spectral_factors`` of one kernel a (m, m), float32, with α (1, 1) in
+    float64, written into Ut (m + 1, m) (Uᵀ: the eigenvectors, then the Perron vector or
+    zeros), v (m + 1) (float64) and lam (m) (float32 scratch for eigh's eigenvalues)."""
+    u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
+    m = a.shape[-1]
+    a64 = a.double()
+    mu, x, residual = _perron_pair(a, a64)
+    split = residual.item() <= u * mu.item() / 16
+    if split:
+        a64.addmm_(x, x.T, alpha=-mu.item())  # A - μ·x·xᵀ, in float64
+    else:
+        mu = torch.zeros_like(mu)
+    # Uᵀ[:m]ᵀ is column-major, eigh's own layout: it decomposes into it in place
+    torch.linalg.eigh(a64.float(), out=(lam, Ut[:m].mT))
+    lam64 = lam.double()
+    v_lam = _spectral_filter(lam64, alpha, iters)
+    v_mu = _spectral_filter(mu[0], alpha, iters)  # (1,); 0 where not split
+    est = (u * m**0.5 * lam64.abs().amax() * _filter_slope(lam64, alpha, iters).abs().amax()
+           / torch.maximum(v_lam.abs().amax(), v_mu.abs()[0]))
+    if est.item() > MIXED_ESTIMATE_LIMIT:  # whole in float64
+        U64, v_lam = _spectral_factors(a.double(), alpha, iters)
+        Ut[:m] = U64.mT
+        split = False
+    Ut[m] = x[:, 0] if split else 0
+    v[:m] = v_lam
+    v[m] = v_mu[0] if split else 0
 
 
 def _padded(A, pad_to):
