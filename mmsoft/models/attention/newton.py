@@ -373,9 +373,8 @@ def _mixed_spectral_factors(A, alpha, iters):
     v_T(0) = 0, so the iterate is the same.
 
     One kernel at a time (``_mixed_factors_into``): its float64 copy (8.8 MB at m = 1050)
-    and the power steps stay in cache, and eigh writes the eigenvectors straight into
-    the result. On SOFT-S's forward at 800×1344 this took the overhead over plain float32
-    eigh from about 19 % to 10 % of the eigh time (docs/en/notes/per_device_plans.md).
+    and the power steps stay in cache, no float64 copy of the whole batch is held, and
+    eigh writes the eigenvectors straight into the result (docs/en/notes/numerics.md).
 
     Returns:
         (Tensor, Tensor): U (..., m, m + 1) (a transposed view: column-major, as eigh
