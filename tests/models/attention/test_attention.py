@@ -457,6 +457,23 @@ def test_mixed_eigh_keeps_the_bound_where_float32_eigh_misses_it():
     assert out[f'{mixed} inference'] > 10 * out['spectral inference'], out
 
 
+def test_mixed_eigh_treats_each_kernel_of_a_batch_on_its_own():
+    """'mixed' decides per kernel: in one (2, 2, m, m) batch of near-rank-1 kernels (the
+    Perron pair split off), boundary kernels (float64) and clustered ones (float32) every
+    slot keeps the bound against its own float64 iterate, with and without gradients."""
+    kinds = (('near_rank1', 0), ('boundary', 1), ('clustered', 0), ('near_rank1', 2))
+    problems = [hard_problem(kind, 64, seed) for kind, seed in kinds]
+    A = torch.stack([p[0] for p in problems]).reshape(2, 2, 64, 64)
+    Z = torch.stack([p[1] for p in problems]).reshape(2, 2, 64, 32)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            W = newton_pinv_apply(A.clone().requires_grad_(grad), Z, nonnegative=True,
+                                  method='spectral', eigh_dtype='mixed').detach()
+        assert W.shape == Z.shape
+        for (kind, seed), (_, _, ref, floor), w in zip(kinds, problems, W.reshape(4, 64, 32)):
+            assert relative_deviation(w, ref) <= kernel_bound(floor), (kind, seed, grad)
+
+
 def test_filter_slope_is_the_derivative_of_the_filter():
     """The slope 'mixed''s error estimate reads, against central differences of the
     filter, across its regimes: linear (λ → 0, slope α·2^T), turning over, 1/λ, and near
