@@ -7,10 +7,12 @@ resolved against the checkout mmsoft is imported from (``repo_file``).
 """
 import json
 import os.path as osp
+import re
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -107,6 +109,52 @@ def build(name, mode='auto'):
         from mmpretrain.models.backbones import XCiT
         return XCiT(embed_dims=384, depth=12, num_heads=8, out_type='featmap')
     raise KeyError(name)
+
+
+def path_plan(name, device):
+    """The ``AttentionPlan`` a path name stands for, run on ``device`` (the paths of
+    tools/analysis_tools/fidelity.py and of the benchmark's ``--soft-plans``):
+
+      default                 the plan of ``device``'s type
+      cpu, cuda               a device type's plan (CUDA's on the CPU: TF32 emulated)
+      official                the official computation order
+      iterative               the formed float32 iterate
+      spectral64, spectral32  one eigendecomposition in float64 / float32
+      spectral-mixed          float32 where a first-order bound allows it, else float64
+      tf32-F-L[-padN]         TF32 products between F float32 steps first and L last,
+                              with m zero-padded to a multiple of N
+      tf32x3                  three TF32 products of split operands per product
+    """
+    from mmsoft.models.attention import PLANS, plan_for
+    base = plan_for(torch.device(device).type)
+    fixed = {
+        'default': base,
+        'cpu': PLANS['cpu'],
+        'cuda': PLANS['cuda'],
+        'official': replace(base, order='official'),
+        'iterative': replace(base, pinv='iterative'),
+        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64'),
+        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32'),
+        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed'),
+        'tf32x3': replace(base, pinv='tf32x3'),
+    }
+    if name in fixed:
+        return fixed[name]
+    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?', name)
+    if match is None:
+        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or tf32-F-L[-padN]')
+    first, last, pad = match.groups()
+    return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
+                   pinv_pad=int(pad or 1))
+
+
+def measure_path(name, size, device, repeat, train=False, batch=1, amp=None):
+    """``measure`` of SOFT-S (``pinv_method='auto'``) with the plan of path ``name``
+    (``path_plan``) forced for ``device``'s type."""
+    plan = path_plan(name, device)
+    with attention_plan(plan, device=torch.device(device).type):
+        return measure(build('SOFT-S'), size, device, repeat, train=train, batch=batch,
+                       amp=amp)
 
 
 def soft_modes(args, modes):

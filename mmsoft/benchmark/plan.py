@@ -109,6 +109,18 @@ def _product(kind, a, b):
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
 
+def _gpu_kernels(fn):
+    """The names of the GPU kernels one call of ``fn`` launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages()
+                   if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA})
+
+
 def section_matmul(args, out):
     """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3'),
     at aligned and unaligned m (CUDA; on another device only float32)."""
@@ -141,6 +153,19 @@ def section_matmul(args, out):
             f = flops if k == 'tf32x3' else flops / 3
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
+    if args.device == 'cuda':  # which GEMM kernels ran: tensor-core ones say 'tf32'
+        kernels = {}
+        for m in sizes:
+            a = torch.randn(20, m, m, device=args.device)
+            for k in ('float32', 'tf32'):
+                try:
+                    kernels[f'{k} at m = {m}'] = _gpu_kernels(partial(_product, k, a, a))
+                except RuntimeError as e:  # a profiler that cannot trace: the times stand
+                    kernels[f'{k} at m = {m}'] = [f'(not traced: {e})']
+        out['matmul_kernels'] = kernels
+        lines.append('')
+        lines += [f'GPU kernels of {name}: ' + ', '.join(f'`{n}`' for n in names)
+                  for name, names in kernels.items()]
     out['matmul'] = rows
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
                  'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '

@@ -8,13 +8,15 @@
          ``--train-batch`` images: a training step without the optimizer
 
 On CUDA both also time SOFT-S with its stages replayed from CUDA graphs (``GRAPH_MODES``:
-the paper's landmarks and ``landmark_grid=16``).
+the paper's landmarks and ``landmark_grid=16``). ``--soft-plans`` adds SOFT-S under other
+plans (``path_plan``'s names, e.g. 'tf32-1-8-pad32'): rows 'SOFT-S [plan NAME]'.
 
 ``--compile MODE`` adds SOFT-S and Swin-T under ``torch.compile(mode=MODE)`` to both.
 """
 import numpy as np
 
-from .common import GRAPH_MODES, build, faster, fmt, measure, parse_size, soft_modes
+from .common import (GRAPH_MODES, build, faster, fmt, measure, measure_path, parse_size,
+                     soft_modes)
 
 SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
@@ -40,6 +42,9 @@ def section_speed(args, out):
             for mode in soft_modes(args, GRAPH_MODES) if 'SOFT-S' in names else ():
                 timed[f'SOFT-S [{mode}]'] = measure(build('SOFT-S', mode), hw, args.device,
                                                     args.repeat, amp=args.amp)
+            for path in _plans(args) if 'SOFT-S' in names else ():
+                timed[f'SOFT-S [plan {path}]'] = measure_path(path, hw, args.device,
+                                                              args.repeat, amp=args.amp)
             if not args.skip_official:
                 timed['SOFT-S official order'] = measure(
                     build('SOFT-S', 'official order'), hw, args.device,
@@ -74,6 +79,11 @@ def section_speed(args, out):
                      '(both without a pyramid; the pyramid adds its transposed convolutions).')
     out['speed'] = rows
     return lines
+
+
+def _plans(args):
+    """--soft-plans: the paths SOFT-S is timed under besides its modes."""
+    return getattr(args, 'soft_plans', None) or ()
 
 
 def _measure_compiled(args, hw, train, batch=1):
@@ -112,6 +122,9 @@ def section_train(args, out):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
                 amp=args.amp)
+        for path in _plans(args):
+            rows.setdefault(f'SOFT-S [plan {path}]', {})[size] = measure_path(
+                path, hw, args.device, args.repeat, train=True, batch=b, amp=args.amp)
         rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
                                                       args.repeat, train=True, batch=b,
                                                       amp=args.amp)

@@ -49,7 +49,10 @@ Sections (``--sections``, default all):
 speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
 'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
 size), and its first, compiling call is not timed (it is printed). ``--models`` keeps
-the speed and train sections to the backbones named.
+the speed and train sections to the backbones named. ``--soft-plans`` adds SOFT-S under
+other attention plans to both, by the names of tools/analysis_tools/fidelity.py's paths
+(e.g. ``iterative tf32-1-8 tf32-1-2-pad32``): the time of each candidate plan beside the
+floor that fidelity.py measures for it.
 
 "official order" is the official SOFT code's computation order (P computed twice,
 (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run through the plan's
@@ -128,6 +131,9 @@ def build_parser():
                         help='speed and train: only these backbones (Swin-T, the reference '
                         'of the ratios, always; SOFT-S in its default mode only), e.g. '
                         '--models SOFT-S Swin-T')
+    parser.add_argument('--soft-plans', nargs='+', metavar='PATH', default=[],
+                        help='speed and train: also time SOFT-S under these plans (the '
+                        "paths of tools/analysis_tools/fidelity.py, e.g. tf32-1-8-pad32)")
     parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
                         help='speed and train: also time SOFT-S and Swin-T under '
                         'torch.compile with this mode')
@@ -151,6 +157,12 @@ def main(argv=None):
         bad = set(args.models) - set(SPEED_MODELS)
         if bad:
             parser.error(f'unknown --models {sorted(bad)}; choose from {list(SPEED_MODELS)}')
+    from mmsoft.benchmark.common import path_plan
+    for path in args.soft_plans:
+        try:
+            path_plan(path, args.device)
+        except ValueError as e:
+            parser.error(f'--soft-plans: {e}')
     if args.device == 'cuda':
         dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
                f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')

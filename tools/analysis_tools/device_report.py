@@ -13,7 +13,8 @@ runs. The steps, by part (one call of a lent GPU machine each):
   fidelity       tools/analysis_tools/fidelity.py at 800x1344: SOFT-S's output maps and
                  training gradients under the candidate paths, against float64 in the
                  official order (the floor every default keeps)
-  fp32           benchmark --sections speed,train
+  fp32           benchmark --sections speed,train, SOFT-S also under the candidate plans
+                 of SPEED_PATHS (--soft-plans)
   memory-modes   benchmark --sections memory,modes
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took)
@@ -73,8 +74,10 @@ FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
 
 # 'tf32' schedules (float32 steps first, last) the pinv and fidelity steps compare.
 TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
-FIDELITY_PATHS = (['default', 'iterative']
-                  + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES] + ['tf32-1-6-pad32'])
+FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32'])
+# the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans)
+SPEED_PATHS = ('tf32-1-8-pad32', 'tf32-1-4-pad32', 'tf32-1-2-pad32')
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -90,7 +93,7 @@ STEPS = {
     'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
-    'fp32': ('base', 'benchmark', ['--sections', 'speed,train'],
+    'fp32': ('base', 'benchmark', ['--sections', 'speed,train', '--soft-plans', *SPEED_PATHS],
              'speed and training step, float32'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),

@@ -31,38 +31,12 @@ scikit-image photos, silhouette and text page of ``mmsoft.testing.FIDELITY_IMAGE
 near-blank wall, resized to --size.
 """
 import json
-import re
 import time
-from dataclasses import replace
 
 import torch
 
 from mmsoft.apis import cli
-
-
-def path_plan(name, device):
-    """The ``AttentionPlan`` a path name stands for, run on ``device``."""
-    from mmsoft.models.attention import PLANS, plan_for
-    base = plan_for(torch.device(device).type)
-    fixed = {
-        'default': base,
-        'cpu': PLANS['cpu'],
-        'cuda': PLANS['cuda'],
-        'official': replace(base, order='official'),
-        'iterative': replace(base, pinv='iterative'),
-        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64'),
-        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32'),
-        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed'),
-        'tf32x3': replace(base, pinv='tf32x3'),
-    }
-    if name in fixed:
-        return fixed[name]
-    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?', name)
-    if match is None:
-        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or tf32-F-L[-padN]')
-    first, last, pad = match.groups()
-    return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
-                   pinv_pad=int(pad or 1))
+from mmsoft.benchmark.common import path_plan
 
 
 def build_parser():
