@@ -257,6 +257,18 @@ def _grad_errors(graphed, eager):
     return errs
 
 
+def _sync_weights(dst, src):
+    """Copy ``src``'s parameters and buffers into ``dst`` (same architecture)."""
+    with torch.no_grad():
+        for d, s in zip(dst.state_dict().values(), src.state_dict().values()):
+            d.copy_(s)
+
+
+def _update_size(model, before):
+    """The largest relative change of a parameter since ``before``."""
+    return max(rel_err(p.detach(), b) for p, b in zip(model.parameters(), before))
+
+
 @pytest.mark.cuda
 @cuda_only
 @pytest.mark.usefixtures('no_tf32')
@@ -278,20 +290,31 @@ class TestOnCuda:
     @pytest.mark.parametrize('frozen_stages', [-1, 1])
     def test_training_steps_match_eager(self, frozen_stages):
         """Three SGD steps (BatchNorm of the patch embeddings in train mode, eager in
-        both): gradients and the updated parameters as in eager mode, each step."""
+        both): gradients and the updated parameters as in eager mode, each step.
+
+        Each step starts both models from the graphed one's weights: a graph and eager
+        mode may pick other GEMM kernels, and the rounding differences that leaves
+        (≤ 2e-6 of a gradient at the first step) grow step by step through SGD with
+        momentum (1.1e-2 by the third on an H200). What the bound catches, a replay
+        reading weights or buffers from before the update, is of the order of the
+        update itself (``_update_size``)."""
         graphed, eager = _pair(frozen_stages=frozen_stages)
         optims = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
                   for m in (graphed, eager)]
         for step in range(3):
+            _sync_weights(eager, graphed)
             x = torch.randn(2, 3, 96, 128, device='cuda')
             for model, optim in zip((graphed, eager), optims):
                 model.train()
                 optim.zero_grad()
                 sum(o.pow(2).mean() for o in model(x)).backward()
             errs = _grad_errors(graphed, eager)
-            assert max(errs.values()) <= 1e-4, (step, errs)
+            worst = max(errs, key=errs.get)
+            assert errs[worst] <= 1e-4, (step, worst, errs[worst])
+            before = [p.detach().clone() for p in graphed.parameters()]
             for optim in optims:
                 optim.step()
+            assert _update_size(graphed, before) > 1e-3  # the bound below can fail
             for (name, g), e in zip(graphed.named_parameters(), eager.parameters()):
                 assert rel_err(g.detach(), e.detach()) <= 1e-4, (step, name)
         # stage 1 frozen: its blocks run from an inference graph, no gradient
@@ -326,31 +349,42 @@ class TestOnCuda:
 
     def test_autocast_sees_updated_weights(self):
         """Under autocast a graph must read the weights, not casts cached at capture:
-        after an optimizer step its outputs follow the new weights."""
+        after an optimizer step its outputs follow the new weights.
+
+        The eager copy takes the graphed model's weights before each comparison, so
+        the two differ only by the bfloat16 rounding of one forward (the models
+        trained apart drifted 1.0e-2 apart after one step on an H200); stale casts
+        would differ by what the step changed, which is checked to be larger."""
         graphed, eager = _pair()
-        optims = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (graphed, eager)]
+        optim = torch.optim.SGD(graphed.parameters(), lr=0.5)
         x = torch.randn(2, 3, 96, 128, device='cuda')
         for step in range(2):
-            for model, optim in zip((graphed, eager), optims):
-                model.train()
-                optim.zero_grad()
-                with torch.autocast('cuda', dtype=torch.bfloat16):
-                    outs = model(x)
-                sum(o.float().pow(2).mean() for o in outs).backward()
-                optim.step()
+            graphed.train()
+            optim.zero_grad()
+            with torch.autocast('cuda', dtype=torch.bfloat16):
+                outs = graphed(x)
+            sum(o.float().pow(2).mean() for o in outs).backward()
             with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
-                for model in (graphed, eager):
-                    model.eval()
-                for g, e in zip(graphed(x), eager(x)):
-                    assert rel_err(g.float(), e.float()) <= 1e-2, step
+                eager.eval()
+                _sync_weights(eager, graphed)
+                old = eager(x)
+                optim.step()
+                _sync_weights(eager, graphed)
+                graphed.eval()
+                for g, e, o in zip(graphed(x), eager(x), old):
+                    err, moved = rel_err(g.float(), e.float()), rel_err(o.float(), e.float())
+                    assert err <= 1e-2 and err < moved / 4, (step, err, moved)
 
-    def test_failed_capture_falls_back_to_eager(self):
-        """An operator that synchronizes with the host (eigh, forced here through the
-        plan) cannot be captured: a warning, and eager results."""
+    def test_forced_eigh_runs_eagerly(self):
+        """eigh synchronizes with the host and cannot be captured: with a plan that
+        runs it forced, the stages run eagerly (one warning) and give eager results.
+        (A failed capture of cuSOLVER's syevd left its later eager calls failing, so the
+        capture is not tried; other failed captures fall back as
+        test_failed_capture_warns_once_and_stays_eager checks.)"""
         graphed, eager = _pair()
         x = torch.randn(1, 3, 96, 128, device='cuda')
         with attention_plan(pinv='spectral', device='cuda'), torch.no_grad():
-            with pytest.warns(UserWarning, match='failed, it runs eagerly'):
+            with pytest.warns(UserWarning, match="runs 'spectral'.*the blocks run eagerly"):
                 outs = graphed(x)
             for g, e in zip(outs, eager(x)):
                 assert rel_err(g, e) <= 1e-5

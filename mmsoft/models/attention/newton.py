@@ -238,7 +238,7 @@ def _newton_steps(A, V, steps, precision='float32'):
     if precision == 'tf32x3':
         with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
             return _newton_steps_split(A, V, steps)
-    if A.is_cuda:
+    if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
         with _cuda_tf32_matmuls():
             return _newton_steps(A, V, steps)
     # Emulation: the operands of every product cut to TF32 (``truncate_tf32``), float32

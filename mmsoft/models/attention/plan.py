@@ -212,14 +212,16 @@ _PLANS = {
     'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')), eigh_dtype='mixed',
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
-    'cuda': AttentionPlan(pinv='iterative', kernel_chunk=2**24, kernel_once_up_to=None,
+    'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32')),
+                          tf32_float32_steps=(1, 2), pinv_pad=32, kernel_chunk=2**24, kernel_once_up_to=None,
                           local_conv_layout='images'),
 }
 PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.1's
 # Dynamo cannot trace a mappingproxy's get)
-# Device types without measurements (xpu, mps, meta, ...) run CUDA's plan: the formed
-# iterate needs no eigendecomposition, which not every backend has.
-DEFAULT_PLAN = PLANS['cuda']
+# Device types without measurements (xpu, mps, meta, ...) run the formed float32 iterate
+# with CUDA's other choices: it needs no eigendecomposition, which not every backend has,
+# and no TF32 products, which only CUDA runs natively (elsewhere they are emulated).
+DEFAULT_PLAN = replace(PLANS['cuda'], pinv='iterative', pinv_pad=1)
 
 
 class _Forced(threading.local):

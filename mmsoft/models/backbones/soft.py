@@ -456,8 +456,17 @@ class SOFT(Backbone):
                 warnings.warn(f'SOFT: cuda_graphs has no effect on {x.device.type} inputs: '
                               'the blocks run eagerly')
             return eager(x)
-        return self.cuda_graphs.run(s, eager, x, blocks,
-                                    extra=(hw, plan_for(x.device.type)))
+        plan = plan_for(x.device.type)
+        if self.pinv_method == 'auto' and any(m == 'spectral' for _, m in plan.pinv):
+            # a forced plan with eigh: not even tried, as a failed capture of cuSOLVER's
+            # syevd left its later eager calls failing (CUSOLVER_STATUS_EXECUTION_FAILED)
+            if not self._warned_eager:
+                self._warned_eager = True
+                warnings.warn("SOFT: cuda_graphs: the attention plan in force runs 'spectral' "
+                              '(eigh synchronizes with the host, which a CUDA graph cannot '
+                              'capture): the blocks run eagerly')
+            return eager(x)
+        return self.cuda_graphs.run(s, eager, x, blocks, extra=(hw, plan))
 
     def forward(self, x):
         self._check_input(x)
