@@ -213,7 +213,7 @@ _PLANS = {
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32')),
-                          tf32_float32_steps=(1, 2), pinv_pad=32, kernel_chunk=2**24, kernel_once_up_to=None,
+                          tf32_float32_steps=(1, 4), pinv_pad=32, kernel_chunk=2**24, kernel_once_up_to=None,
                           local_conv_layout='images'),
 }
 PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.1's

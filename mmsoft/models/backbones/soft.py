@@ -368,6 +368,7 @@ class SOFT(Backbone):
         # a plain attribute, not a submodule: not in state_dict, dropped by deepcopy
         self.cuda_graphs = StageGraphs(**graphs) if graphs is not None else None
         self._warned_eager = False
+        self.pinv_method = pinv_method
 
         total = sum(self.depths)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, total)]
