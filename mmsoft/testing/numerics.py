@@ -11,7 +11,7 @@ outputs (``fidelity``). Used by the numerics tests and pinv_accuracy.py.
 import torch
 import torch.nn.functional as F
 
-from ..models.attention import gaussian_kernel, newton_alpha, newton_pinv_apply
+from ..models.attention import PLANS, gaussian_kernel, newton_alpha, newton_pinv_apply
 
 __all__ = [
     'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
@@ -23,22 +23,26 @@ HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identit
                 'boundary')
 KERNEL_BOUND = 1e-3
 
-# The ways to compute A⁺·Z (``newton_pinv_apply`` arguments; 'tf32' with the plans'
-# schedule, ``AttentionPlan.tf32_float32_steps``). ``PLAN_PATHS`` are those a plan may
-# take; the others are measured alternatives that miss ``KERNEL_BOUND`` on some hard
-# kernels (float32 eigh on near-rank-1 ones, the thin application near the boundary).
+# The ways to compute A⁺·Z (``newton_pinv_apply`` arguments; 'tf32' with the schedule
+# off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's plan's). ``PLAN_PATHS`` are
+# those a plan may take; the others are measured alternatives that miss
+# ``KERNEL_BOUND`` on some hard kernels (float32 eigh on near-rank-1 ones, the thin
+# application near the boundary).
+_CUDA = PLANS['cuda']
 PINV_PATHS = {
     'iterative': dict(method='iterative'),
     'spectral': dict(method='spectral', eigh_dtype='float64'),
     'tf32': dict(method='tf32'),
     'tf32, padded to 8': dict(method='tf32', pad_to=8),
+    "tf32, CUDA's plan": dict(method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps,
+                              pad_to=_CUDA.pinv_pad),
     'tf32x3': dict(method='tf32x3'),
     'iterative, thin': dict(method='iterative', thin=True),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
     'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),
 }
 PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'tf32', 'tf32, padded to 8',
-              'tf32x3')
+              "tf32, CUDA's plan", 'tf32x3')
 
 
 def kernel_bound(floor):

@@ -160,6 +160,41 @@ def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
         assert rows[name]['64x64'] == n + i + 1
 
 
+def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
+    """--soft-plans adds SOFT-S rows to speed and train, each measured with the named
+    plan forced for the device type (fidelity.py's path names); an unknown name is a
+    command-line error."""
+    from mmsoft.benchmark import common
+    from mmsoft.models.attention import plan_for
+    seen = []
+
+    def fake_measure(model, size, device, repeat, train=False, **kwargs):
+        seen.append((model, train, plan_for(device)))
+        return 1.0
+
+    monkeypatch.setattr(common, 'measure', fake_measure)
+    monkeypatch.setattr(common, 'build', lambda name, mode='auto': name)
+    from mmsoft.benchmark import speed
+    monkeypatch.setattr(speed, 'measure', fake_measure)
+    monkeypatch.setattr(speed, 'build', lambda name, mode='auto': name)
+    out = tmp_path / 'p.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'speed,train', '--sizes', '64x64',
+                    '--skip-official', '--models', 'SOFT-S', '--soft-plans',
+                    'tf32-1-4-pad32', 'iterative', '--json', str(out)])
+    rows = json.loads(out.read_text())
+    for section in ('speed', 'train'):
+        assert {'SOFT-S [plan tf32-1-4-pad32]', 'SOFT-S [plan iterative]'} <= set(
+            rows[section])
+    forced = [(train, p) for m, train, p in seen if p != plan_for('cpu')]
+    assert len(forced) == 4  # two plans, forward and training step
+    tf32 = [p for _, p in forced if p.pinv[-1][1] == 'tf32']
+    assert len(tf32) == 2 and all(p.tf32_float32_steps == (1, 4) and p.pinv_pad == 32
+                                  for p in tf32)
+    assert sorted(train for train, _ in forced) == [False, False, True, True]
+    with pytest.raises(SystemExit):
+        benchmark.main(['--device', 'cpu', '--sections', 'speed', '--soft-plans', 'tf33'])
+
+
 @pytest.mark.slow
 def test_benchmark_scaling_plot(tmp_path):
     plot, out = tmp_path / 'scaling.png', tmp_path / 's.json'

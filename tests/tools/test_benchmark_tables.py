@@ -81,19 +81,25 @@ def test_an_altered_number_fails_the_check(docs, capsys, doc, name):
 
 
 def test_a_changed_json_value_changes_the_cells(docs):
-    """(c) A figure changed in the JSON reaches its cells: SOFT-S's H100 forward set to
-    3× Swin-T's in the speed section, landmark_grid=16's CPU training peak to half of
-    Swin-T's in run C's memory section."""
+    """(c) A figure changed in the JSON reaches its cells: SOFT-S's H200 forward set to
+    3× Swin-T's in the speed section of CUDA's default run, XCiT-SimA's H100 forward to
+    3× Swin-T's, landmark_grid=16's CPU training peak to half of Swin-T's in run C's
+    memory section."""
     readme, bench, json_dir, args = docs
 
-    def soft_h100(data):
+    def soft_h200(data):
         data['speed']['SOFT-S']['800x1344'] = 3 * data['speed']['Swin-T']['800x1344']
+
+    def xcit_h100(data):
+        data['speed']['XCiT-SimA-S12/16']['800x1344'] = 3 * data['speed']['Swin-T'][
+            '800x1344']
 
     def grid16_cpu(data):
         swin = data['memory']['Swin-T']['train']['peak_mb']
         data['memory']['SOFT-S [grid16]']['train']['peak_mb'] = swin / 2
 
-    edit_json(json_dir, 'cuda_h100/fp32.json', soft_h100)
+    edit_json(json_dir, 'cuda_h200/default.json', soft_h200)
+    edit_json(json_dir, 'cuda_h100/fp32.json', xcit_h100)
     edit_json(json_dir, 'cpu_memory_2026-11-25.json', grid16_cpu)
     before = readme_cells(readme.read_text(), 'SOFT-S')
     assert tables.main(args + ['--check']) == 1
@@ -106,10 +112,34 @@ def test_a_changed_json_value_changes_the_cells(docs):
     assert soft[time_col].split(' · ')[0] == '3.00×'
     assert soft[time_col].split(' · ')[1] == before[time_col].split(' · ')[1]  # CPU kept
     assert grid[mem_col].split(' · ')[1] == '0.50×'
-    forward_h100 = region(bench.read_text(), 'forward-h100')
-    assert re.search(r"\| SOFT-S default \(`'auto'`\) \|[^\n]*\| 3\.00× \|\n", forward_h100)
+    forward_h200 = region(bench.read_text(), 'forward-h200')
+    assert re.search(r"\| SOFT-S default \(`'auto'`\) \|[^\n]*\| 3\.00× \|\n", forward_h200)
     assert "| 3.00× |" in region(bench.read_text(), 'detection-size')
     assert tables.main(args + ['--check']) == 0
+
+
+def test_figures_of_an_earlier_plan_are_not_todays_default(docs):
+    """The H100 measured SOFT-S's 'auto' when CUDA's plan was the float32 iterate: those
+    rows say so, and the figures of CUDA's default of today are not taken from them (an
+    H100 SOFT-S time changed in the JSON reaches its labelled row, not the README's
+    SOFT-S cells or the default's row at detection size)."""
+    readme, bench, json_dir, args = docs
+
+    def soft_h100(data):
+        data['speed']['SOFT-S']['800x1344'] = 3 * data['speed']['Swin-T']['800x1344']
+
+    edit_json(json_dir, 'cuda_h100/fp32.json', soft_h100)
+    before = readme.read_text()
+    assert tables.main(args) == 0
+    assert readme.read_text() == before
+    assert readme_cells(before, 'SOFT-S')[next(
+        h for h in readme_cells(before, 'SOFT-S') if 'memory' in h)].startswith('unmeasured')
+    forward_h100 = region(bench.read_text(), 'forward-h100')
+    assert re.search(r"\| SOFT-S `'auto'`, then the float32 iterate \|[^\n]*\| 3\.00× \|\n",
+                     forward_h100)
+    row = next(l for l in region(bench.read_text(), 'detection-size').splitlines()
+               if l.startswith("| SOFT-S default (`'auto'`) |"))
+    assert row.rstrip(' |').endswith('– | – | – | – | –')
 
 
 def test_rows_follow_the_json(docs):

@@ -19,7 +19,8 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  near-identity kernels) from being pushed over it by TF32 rounding,
                  where the iterate diverges; the last ones correct the TF32 rounding in
                  the converged directions (``_schedule``). Off CUDA the TF32 rounding is
-                 emulated (``truncate_tf32``; slow, for checking numerics).
+                 emulated (``round_tf32``, to nearest, as an H200's tensor cores were
+                 measured to round; slow, for checking numerics).
     'tf32x3'     the iteration with every float32 product made of three TF32 products of
                  split operands, x = hi + lo with hi = x rounded to TF32:
                  hi·hi + hi·lo + lo·hi (``_split_bmm``), which keeps float32 accuracy on
@@ -159,10 +160,11 @@ def round_tf32(x):
 
 def truncate_tf32(x):
     """float32 values cut to TF32 (the low 13 mantissa bits dropped, rounding toward
-    zero), still stored as float32. Tensor cores convert float32 operands of a TF32
-    product either this way or to nearest; the emulation of 'tf32' off CUDA takes this,
-    the worse of the two (twice the error bound, and biased toward zero), so that the
-    accuracy it shows holds on the GPU too."""
+    zero), still stored as float32: twice the error bound of ``round_tf32`` and biased
+    toward zero. Not what tensor cores do: on an H200 a TF32 product matched the product
+    of operands rounded to nearest (2.8e-6-3.2e-6 of its largest entry, float32's own
+    summation) and not that of cut ones (8e-4-9e-4; docs/benchmark/cuda_h200/report.md),
+    so the emulation of 'tf32' rounds (``round_tf32``)."""
     if x.dtype != torch.float32:
         raise TypeError(f'truncate_tf32 cuts float32 tensors, got {x.dtype}')
     return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
@@ -192,11 +194,12 @@ def _cuda_tf32_matmuls():
 
 def _split_tf32(x, emulate):
     """x = hi + lo with hi = x rounded to TF32 (exact in a TF32 product) and lo = x - hi
-    (exact in float32; cut to TF32 here when ``emulate``, by the tensor cores on CUDA).
+    (exact in float32; rounded to TF32 here when ``emulate``, by the tensor cores on
+    CUDA).
     """
     hi = round_tf32(x)
     lo = x - hi
-    return hi, truncate_tf32(lo) if emulate else lo
+    return hi, round_tf32(lo) if emulate else lo
 
 
 def _split_bmm(a, b):
@@ -223,7 +226,7 @@ def _newton_steps_split(A, V, steps):
 def _newton_steps(A, V, steps, precision='float32'):
     """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
     'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA; elsewhere emulated,
-    the operands cut to TF32 by ``truncate_tf32``) or 'tf32x3' (three TF32 products of
+    the operands rounded to TF32 by ``round_tf32``) or 'tf32x3' (three TF32 products of
     split operands: float32 accuracy, ``_split_bmm``). TF32 rounds float32 operands only:
     a float64 A runs every step in float64.
 
@@ -241,12 +244,12 @@ def _newton_steps(A, V, steps, precision='float32'):
     if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
         with _cuda_tf32_matmuls():
             return _newton_steps(A, V, steps)
-    # Emulation: the operands of every product cut to TF32 (``truncate_tf32``), float32
-    # accumulation.
-    A = truncate_tf32(A)
+    # Emulation: the operands of every product rounded to TF32 (``round_tf32``, as the
+    # tensor cores do), float32 accumulation.
+    A = round_tf32(A)
     for _ in range(steps):
-        Vt = truncate_tf32(V)
-        V = torch.baddbmm(V, Vt, truncate_tf32(A @ Vt), beta=2, alpha=-1)
+        Vt = round_tf32(V)
+        V = torch.baddbmm(V, Vt, round_tf32(A @ Vt), beta=2, alpha=-1)
     return V
 
 
@@ -264,8 +267,10 @@ def _schedule(method, iters, tf32_float32_steps):
       from where TF32 rounding no longer diverges.
     - last: Newton's step squares the error in converged directions (E → -E·A·E), so
       float32 steps at the end remove most TF32 rounding there; with none, hard kernels
-      end 1.5e-3–2.6e-3 from the float64 iterate, with two, within 3.1e-4. The plans
-      take 8, the fewest that keep SOFT-S's output floor (``plan.py``).
+      end 1.5e-3–2.6e-3 from the float64 iterate with operands cut to TF32, with two,
+      within 3.1e-4 (on an H200's tensor cores, with one, within 2.7e-4). CUDA's plan
+      takes 4, the fewest that keep SOFT-S's output floor on CUDA; elsewhere, where
+      TF32 is emulated, the default is 8 (``plan.py``).
     """
     if method == 'iterative':
         return [(iters, 'float32')]

@@ -144,18 +144,30 @@ class AttentionPlan:
 #   (``newton._spectral_factors``) still so: `--sections pinv --pinv-sizes 100 128 196
 #   256 400 --pinv-pad 1`, batch 20, spectral vs the formed iterate: 10.6 / 7.1 ms,
 #   18.3 / 15.7, 38.5 / 47.4, 65.5 / 88.5, 166 / 323.
-# - cuda: NVIDIA H100 80GB HBM3, torch 2.11 + CUDA 13, `--device cuda --sections pinv
-#   --rounds 3` (batch 20; the 'pinv' step of tools/analysis_tools/device_report.py). The
-#   formed float32 iterate is the fastest exact method at every m: m = 16 / 128 / 400 /
-#   1025: 'iterative' 2.0 / 1.6 / 4.1 / 46.1 ms, eigh (cuSOLVER, one matrix at a time)
-#   1.3 / 34.5 / 78.0 / 241.5 ms, 'tf32x3' 5.1 / 6.5 / 8.8 / 78.0 ms (54.0 with m padded
-#   to a multiple of 8, which leaves 'iterative' at 46.4 ms). 'tf32' is faster at
-#   m = 1025 (27.3 ms, 21.1 padded; its schedule then: 15 TF32 + 5 float32 steps), but
-#   that schedule diverged on kernels near the step size's boundary. With the schedule
-#   below it keeps both floors, emulated; its speed and its floor on CUDA itself are
-#   measured by the device report's matmul, pinv and fidelity steps, and until then
-#   CUDA keeps 'iterative'. 'tf32x3' keeps both floors too (emulated; the CUDA parity
-#   tests pass with it) but was slower there than float32: opt-in too.
+# - cuda: NVIDIA H200, torch 2.11 + CUDA 13 (docs/benchmark/cuda_h200/report.md: the
+#   device report's matmul, pinv, fidelity and fp32 steps, and the checks after them).
+#   'tf32' above 196 landmarks, the formed float32 iterate up to there.
+#   - TF32 products run on the tensor cores, but at full rate only at aligned m: one
+#     batched product (20 × m×m) at m = 1024 / 1056 / 1088 ran cuBLAS's sm90 TF32 kernel
+#     at 134-154 TFLOP/s, at m = 1025 / 1050 an sm80 one at 74-76 (float32: 35-44).
+#     Hence ``pinv_pad`` = 32 below.
+#   - `--sections pinv --pinv-sizes 196 256 400 1050 --pinv-pad 32` (batch 20): at
+#     m = 1050 'iterative' 47.0 ms, 'tf32' 1+17+2 / 1+15+4 / 1+11+8 steps 27.0 / 29.3 /
+#     34.1 ms, on m padded to 1056 16.0 / 19.6 / 27.0 ms; at m = 400 'iterative' 4.0 ms,
+#     'tf32' 2.1-2.8 ms; at m = 196 and 256 every method 1.3-2.0 ms (launch-bound), so
+#     the float32 iterate, the more accurate, stays there.
+#   - The floor on CUDA (tools/analysis_tools/fidelity.py --device cuda, 7 images, real
+#     TF32): 1+15+4 steps padded keeps it at 384×640 (worst map 4.0e-6), 640×640 (2.5e-6;
+#     on chelsea every path of the thin order misses, the float32 iterate too, 5.1e-5,
+#     see docs/en/notes/numerics.md) and 800×1344 (1+15+4 unpadded 8.8e-6, the float32
+#     iterate 8.2e-6), gradients within their bound; 1+17+2 misses at 384×640 (1.3e-5)
+#     and 640×640 (1.8e-5; gradients 3.3e-2). Hard kernels on CUDA: every schedule
+#     from 1+18+1 within half the bound.
+#   - SOFT-S at 800×1344 against Swin-T in one run (`--sections speed,train --models
+#     SOFT-S Swin-T --soft-plans iterative`): forward 109.3 ms against 225.8 ms with the
+#     float32 iterate (Swin-T 10.4 ms), training step at batch 2 340.0 ms against
+#     568.7 ms (Swin-T 54.9 ms).
+#   'tf32x3' keeps both floors too but was slower than float32 (H100 and H200): opt-in.
 #
 # eigh_dtype ('spectral'): 'mixed' on the CPU (float64 elsewhere: no other plan runs
 #   'spectral'). Plain float32 eigh keeps the output floor on real images (worst map
@@ -170,19 +182,24 @@ class AttentionPlan:
 #   8.35 s, float32 7.52 s; 20 of its 1050×1050 kernels: eigh float64 2.19 s, float32
 #   1.19 s, 'mixed' 1.37 s.
 #
-# tf32_float32_steps ('tf32'; every plan): (1, 8), TF32 emulated by truncation (the worse
-#   of the conversions tensor cores apply). The first float32 step keeps kernels near
-#   the step size's boundary from diverging (the 'boundary' kernels of mmsoft.testing:
-#   without it 15× the hard-kernel bound, to inf when rounding to nearest). The last
-#   ones are the fewest that keep SOFT-S's floor at 640×640 on every image measured
-#   (`tools/analysis_tools/fidelity.py --size 640x640 --gradients --gradient-images
-#   astronaut coffee chelsea rocket --paths default cuda spectral32 tf32-1-4 tf32-1-6
-#   tf32-1-8`): with 4 / 6 the cat photo's maps are 5.6e-5 / 5.2e-5 from float64 and the
-#   astronaut's gradients 5e-2; with 8, maps 4.4e-6 at worst (float32 'iterative':
+# tf32_float32_steps ('tf32'): the first float32 step keeps kernels near the step size's
+#   boundary from diverging (the 'boundary' kernels of mmsoft.testing: without it 15× the
+#   hard-kernel bound, to inf when rounding to nearest); the last ones remove TF32
+#   rounding where Newton's step converges.
+# - cuda: (1, 4), the fewest that keep the floor on CUDA itself at 384×640, 640×640 and
+#   800×1344 (the pinv entry above; with 2, 1.8e-5 at 640×640).
+# - elsewhere (1, 8) (``newton.TF32_FLOAT32_STEPS``, for the opt-in 'tf32', emulated):
+#   the emulation cuts operands to TF32 (``truncate_tf32``), which the measurement on
+#   the H200 showed to be the pessimistic side (its tensor cores round to nearest:
+#   2.8e-6-3.2e-6 from a rounded product, 8e-4-9e-4 from a cut one), and with 4 or 6
+#   last steps cut operands left the cat photo 5.6e-5 / 5.2e-5 from float64 at 640×640
+#   on the CPU (`tools/analysis_tools/fidelity.py --size 640x640 --gradients
+#   --gradient-images astronaut coffee chelsea rocket --paths default cuda spectral32
+#   tf32-1-4 tf32-1-6 tf32-1-8`); with 8, maps 4.4e-6 at worst (float32 'iterative':
 #   3.7e-6), gradients 5.8e-6; at 800×1344 maps 2.0e-6 (6 images).
 #
-# pinv_pad: 1 on every device (none). Zero padding changes no value; on the H100 it
-#   sped up 'tf32' (27.3 → 21.1 ms at m = 1025 padded to 1032) and not 'iterative'.
+# pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
+#   the iterate of the padded block is the same), 1 elsewhere.
 #
 # kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
 #   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)
@@ -213,15 +230,16 @@ _PLANS = {
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32')),
-                          tf32_float32_steps=(1, 4), pinv_pad=32, kernel_chunk=2**24, kernel_once_up_to=None,
-                          local_conv_layout='images'),
+                          tf32_float32_steps=(1, 4), pinv_pad=32, kernel_chunk=2**24,
+                          kernel_once_up_to=None, local_conv_layout='images'),
 }
 PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.1's
 # Dynamo cannot trace a mappingproxy's get)
 # Device types without measurements (xpu, mps, meta, ...) run the formed float32 iterate
 # with CUDA's other choices: it needs no eigendecomposition, which not every backend has,
 # and no TF32 products, which only CUDA runs natively (elsewhere they are emulated).
-DEFAULT_PLAN = replace(PLANS['cuda'], pinv='iterative', pinv_pad=1)
+DEFAULT_PLAN = replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
+                       tf32_float32_steps=TF32_FLOAT32_STEPS)
 
 
 class _Forced(threading.local):

@@ -16,14 +16,18 @@ def test_plans_are_immutable():
         PLANS['cpu'] = DEFAULT_PLAN
     with pytest.raises(dataclasses.FrozenInstanceError):
         PLANS['cpu'].kernel_chunk = 1
-    assert plan_for('mps') is DEFAULT_PLAN  # no measurements there: CUDA's plan
+    assert plan_for('mps') is DEFAULT_PLAN  # no measurements there
     assert plan_for('cpu') is PLANS['cpu']
 
 
 def test_auto_reads_the_plan():
     assert [resolve_pinv_method('auto', m, 'cpu') for m in (128, 129)] == [
         'iterative', 'spectral']
-    assert resolve_pinv_method('auto', 1050, 'cuda') == 'iterative'
+    assert [resolve_pinv_method('auto', m, 'cuda') for m in (196, 197, 1050)] == [
+        'iterative', 'tf32', 'tf32']
+    # elsewhere (no measurements, no native TF32) the formed float32 iterate
+    assert resolve_pinv_method('auto', 1050, 'mps') == 'iterative'
+    assert (DEFAULT_PLAN.pinv_pad, DEFAULT_PLAN.local_conv_layout) == (1, 'images')
     with attention_plan(pinv='spectral', device='cuda'):
         assert resolve_pinv_method('auto', 16, 'cuda') == 'spectral'
         assert resolve_pinv_method('auto', 16, 'cpu') == 'iterative'  # not forced there
