@@ -121,6 +121,22 @@ def _gpu_kernels(fn):
                    if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA})
 
 
+def _tf32_conversion(m, device):
+    """{conversion: max |Δ| / max |product|} of one batched TF32 product against the
+    float64 product of its operands rounded to nearest (``round_tf32``), cut
+    (``truncate_tf32``) or left as they are."""
+    from mmsoft.models.attention import newton
+    g = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
+    with newton._cuda_tf32_matmuls():
+        c = torch.bmm(a, b).double()
+    scale = c.abs().max()
+    return {name: ((c - torch.bmm(conv(a).double(), conv(b).double())).abs().max()
+                   / scale).item()
+            for name, conv in (('rounded', newton.round_tf32), ('cut', newton.truncate_tf32),
+                               ('float32', lambda t: t))}
+
+
 def section_matmul(args, out):
     """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3'),
     at aligned and unaligned m (CUDA; on another device only float32)."""
@@ -153,6 +169,15 @@ def section_matmul(args, out):
             f = flops if k == 'tf32x3' else flops / 3
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
+    if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
+        conversion = {m: _tf32_conversion(m, args.device) for m in sizes}
+        out['tf32_conversion'] = conversion
+        lines.append('\nA TF32 product against the float64 product of its operands rounded '
+                     'to TF32 to nearest / cut to TF32 / not converted (max |Δ| / max '
+                     '|product|, 8 m×m matrices): the conversion the GPU applies is the '
+                     'one near float32 summation error (~1e-6).\n')
+        lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
+                  for m, c in conversion.items()]
     if args.device == 'cuda':  # which GEMM kernels ran: tensor-core ones say 'tf32'
         kernels = {}
         for m in sizes:

@@ -125,9 +125,10 @@ def hard_problem(kind, m, seed=0, n=32):
     return A, Z, ref, relative_deviation(official_float32_iterate(A) @ Z, ref)
 
 
-def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS):
+def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path
-    (``PINV_PATHS``), next to the official float32 iteration's (``hard_problem``).
+    (``PINV_PATHS``, run on ``device``: 'tf32' on CUDA with the GPU's own TF32), next to
+    the official float32 iteration's (``hard_problem``, on the CPU).
 
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
@@ -141,8 +142,8 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS):
         kwargs = PINV_PATHS[name]
         for grad in ((False, ) if kwargs.get('thin') else (False, True)):
             with torch.set_grad_enabled(grad):
-                W = newton_pinv_apply(A.clone().requires_grad_(grad), Z, nonnegative=True,
-                                      **kwargs).detach()
+                W = newton_pinv_apply(A.to(device, copy=True).requires_grad_(grad), Z.to(device),
+                                      nonnegative=True, **kwargs).detach().cpu()
             dev = relative_deviation(W, ref) if torch.isfinite(W).all() else float('inf')
             out[f'{name} {"training" if grad else "inference"}'] = dev
     return out

@@ -9,12 +9,14 @@ path a plan may take keeps: finite, and within 1e-3, or within twice the officia
 iteration's deviation where that is larger (tests/models/attention/test_attention.py);
 '>' marks a deviation beyond it. The ratio to the official iteration is reported, not
 gated: fidelity is judged on the network's outputs (tools/analysis_tools/fidelity.py).
-'tf32' and 'tf32x3' are emulated off CUDA.
+'tf32' and 'tf32x3' are emulated off CUDA; ``--device cuda`` runs the paths on a GPU
+(the references stay float64 on the CPU).
 
 Examples:
   python tools/analysis_tools/pinv_accuracy.py
   python tools/analysis_tools/pinv_accuracy.py --sizes 64 196 400 --seeds 0 1 2 3
   OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default python tools/analysis_tools/pinv_accuracy.py
+  python tools/analysis_tools/pinv_accuracy.py --device cuda --sizes 196 400 1024 --seeds 0 1
 """
 from mmsoft.apis import cli
 
@@ -30,6 +32,8 @@ def build_parser():
     parser.add_argument('--seeds', nargs='+', type=int, default=[0])
     parser.add_argument('--paths', nargs='+', default=list(testing.PINV_PATHS),
                         choices=list(testing.PINV_PATHS))
+    parser.add_argument('--device', default='cpu', help="where the paths run ('cuda': the "
+                        "GPU's own TF32)")
     return parser
 
 
@@ -40,7 +44,8 @@ def main(argv=None):
     for kind in args.kinds:
         for m in args.sizes:
             for seed in args.seeds:
-                r = testing.pinv_accuracy(kind, m, seed, paths=args.paths)
+                r = testing.pinv_accuracy(kind, m, seed, paths=args.paths,
+                                          device=args.device)
                 rows.append(dict(kind=kind, m=m, seed=seed, **r))
     cols = [c for c in rows[0] if c not in ('kind', 'm', 'seed', 'floor', 'bound')]
     print('Deviation of A⁺·Z from the float64 iterate (× the official float32 '
