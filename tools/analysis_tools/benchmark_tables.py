@@ -56,6 +56,7 @@ SOURCES = {
     'B': ('cpu_speed_2026-11-25.json', 'run B'),
     'C': ('cpu_memory_2026-11-25.json', 'run C'),
     'cpu-compile': ('cpu_compile_2026-11-24.json', 'the CPU compile run'),
+    'launches': ('cpu_launches_2026-11-26.json', 'the operator count'),
     'fp32': ('cuda_h100/fp32.json', 'H100 fp32'),
     'bf16': ('cuda_h100/bf16.json', 'H100 bf16'),
     'fp16': ('cuda_h100/fp16.json', 'H100 fp16'),
@@ -90,7 +91,7 @@ PEAK = {'CPU': (('C', 'memory'), ), 'H100': (('memory-modes', 'memory'), )}
 # The other tables: (device, source)
 MODES_DEVIATION = (('CPU', 'A'), ('H100', 'memory-modes'))  # the first that has the mode
 PINV = {'CPU': 'A', 'H100': 'pinv'}
-SCALING, LAUNCHES = 'A', 'A'
+SCALING, LAUNCHES = 'A', 'launches'
 AUTOCAST = (('float32', 'fp32'), ('bf16', 'bf16'), ('fp16', 'fp16'))
 COMPILE = (('H100', 'h100-compile'), ('CPU', 'cpu-compile'))
 DETECTOR = {'H100': 'detector', 'CPU': 'cpu-detector'}
