@@ -178,8 +178,7 @@ def section_matmul(args, out):
                      'one near float32 summation error (~1e-6).\n')
         lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
                   for m, c in conversion.items()]
-    if args.device == 'cuda':  # which GEMM kernels ran: tensor-core ones say 'tf32'
-        kernels = {}
+        kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32'
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
             for k in ('float32', 'tf32'):

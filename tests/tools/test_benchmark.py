@@ -160,6 +160,15 @@ def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
         assert rows[name]['64x64'] == n + i + 1
 
 
+def test_tf32_conversion_check_tells_the_conversions_apart():
+    """The matmul section's check of how a GPU converts TF32 operands, here on the CPU
+    (no TF32: the product matches its unconverted operands, to float32 summation, and
+    neither conversion, which moves it by ~2^-11 / 2^-10 of the operands)."""
+    from mmsoft.benchmark.plan import _tf32_conversion
+    c = _tf32_conversion(64, 'cpu')
+    assert c['float32'] < 1e-5 < c['rounded'] < c['cut']
+
+
 def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
     """--soft-plans adds SOFT-S rows to speed and train, each measured with the named
     plan forced for the device type (fidelity.py's path names); an unknown name is a
