@@ -2,7 +2,7 @@
 (``numerics``), the network-level fidelity floor (``fidelity``), and an operator counter
 for host work per step (``profiling``)."""
 from .fidelity import (FIDELITY_IMAGES, GRADIENT_TOL, NATURAL_IMAGES, OUTPUT_TOL,
-                       fidelity_image, gradient_deviations, output_deviations,
+                       fidelity_image, gradient_deviations, output_bounds, output_deviations,
                        reference_gradients, reference_outputs, reference_relu_inputs,
                        relu_flips)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
@@ -14,7 +14,8 @@ __all__ = [
     'FIDELITY_IMAGES', 'GRADIENT_TOL', 'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES',
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
-    'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_deviations',
+    'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
+    'output_deviations',
     'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'reference_relu_inputs',
     'relative_deviation', 'relu_flips'
 ]

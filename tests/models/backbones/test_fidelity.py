@@ -17,9 +17,9 @@ import torch
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import PLANS, resolve_pinv_method
-from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, OUTPUT_TOL, fidelity_image,
-                            gradient_deviations, output_deviations, reference_gradients,
-                            reference_outputs)
+from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, fidelity_image,
+                            gradient_deviations, output_bounds, output_deviations,
+                            reference_gradients, reference_outputs)
 
 SIZE = (384, 640)
 M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
@@ -39,11 +39,12 @@ def model():
 
 @pytest.fixture(scope='module')
 def references(model):
-    """image -> (input, float64 official-order output maps)."""
+    """image -> (input, float64 official-order output maps, each map's bound)."""
     out = {}
     for name in FIDELITY_IMAGES:
         x = fidelity_image(name, SIZE)
-        out[name] = x, reference_outputs(model, x)
+        refs = reference_outputs(model, x)
+        out[name] = x, refs, output_bounds(model, x, refs, device_type='cpu')
     return out
 
 
@@ -59,9 +60,11 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
 # CUDA's plan is within 4.0e-6; at 640×640 and 800×1344: docs/en/notes/numerics.md.
 @pytest.mark.parametrize('path', PATHS)
 def test_output_maps_keep_the_floor(model, references, path):
-    for name, (x, refs) in references.items():
+    """Each map within 1e-5 of float64, or within twice the float32 official order's
+    deviation where float32 itself misses 1e-5 (``output_bounds``)."""
+    for name, (x, refs, bounds) in references.items():
         devs = output_deviations(model, x, refs, PATHS[path], device_type='cpu')
-        assert max(devs) <= OUTPUT_TOL, (path, name, devs)
+        assert all(d <= b for d, b in zip(devs, bounds)), (path, name, devs, bounds)
 
 
 @pytest.fixture(scope='module')
@@ -88,8 +91,9 @@ def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
     misses the floor on the text page (1.1e-4, emulated by rounding to nearest)."""
     from dataclasses import replace
     plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(0, 0))
-    x, refs = references['page']
-    assert max(output_deviations(model, x, refs, plan, device_type='cpu')) > OUTPUT_TOL
+    x, refs, bounds = references['page']
+    devs = output_deviations(model, x, refs, plan, device_type='cpu')
+    assert any(d > b for d, b in zip(devs, bounds)), (devs, bounds)
 
 
 def test_relu_flips_are_counted():
