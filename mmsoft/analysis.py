@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .models.attention import (gaussian_kernel, newton_alpha, newton_pinv, newton_pinv_error,
                                normalize_inverse, plan_for)
+from .models.attention.newton import ALPHA_BOUND, alpha_candidates
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
@@ -173,18 +174,23 @@ def newton_boundary(model, x, iters=20, near=1.9):
         αλ² ≥ ``near`` (mean over batch and heads); ``max_alpha_lambda2``: the largest
         αλ² of any kernel (≤ 2 by α's test); ``worst_shortfall``: the largest
         |1 - αλ²|^(2^T) over eigenvalues with αλ² > 1 and kernels (0: converged, 1: the
-        iterate is 0 in that direction).
+        iterate is 0 in that direction); ``alpha_margin``: how near α's choice came to
+        going the other way, min |‖I - α_j·A²‖₁ - 1.01| over the candidates α_j of
+        ``newton_alpha`` and the kernels (float64, of the kernel in the landmarks'
+        dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
+        another order of sums can decide the other way).
     """
     out = {}
     for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
         A = gaussian_kernel(lm, lm).double()
+        margin = (alpha_candidates(A)[1] - ALPHA_BOUND).abs().min().item()
         alpha = newton_alpha(A, nonnegative=True).squeeze(-1)  # (..., 1)
         xs = alpha * torch.linalg.eigvalsh(A).pow(2)  # αλ², (..., m)
         shortfall = torch.exp(float(2**iters) * torch.log((1 - xs).abs().clamp_min(1e-300)))
         upper = torch.where(xs > 1, shortfall, torch.zeros_like(shortfall))
         out[name] = dict(m=A.shape[-1], near_share=(xs >= near).double().mean().item(),
                          max_alpha_lambda2=xs.max().item(),
-                         worst_shortfall=upper.max().item())
+                         worst_shortfall=upper.max().item(), alpha_margin=margin)
     return out
 
 

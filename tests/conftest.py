@@ -1,4 +1,5 @@
 import importlib.util
+import math
 import os
 import os.path as osp
 import re
@@ -63,6 +64,26 @@ def untrained_checkpoint(cfg_path, path):
     model = init_model(cfg_path)
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
     return str(path)
+
+
+def alpha_tie(m=96, d=16, seed=0):
+    """Landmarks (m, d), float64, on either side of a tie in ``newton_alpha``'s choice:
+    their float32 Gaussian kernels, one bandwidth step apart (bisection), take different
+    numbers of halvings when the choice is computed in float64 and differ in a few
+    entries by one unit in the last place."""
+    from mmsoft.models.attention import gaussian_kernel, newton_alpha
+    x = torch.randn(m, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+    def decided(t):  # halvings decided in float64 for the float32 kernel
+        A = gaussian_kernel(x * t, x * t).float().double()
+        return round(math.log2(2 / (newton_alpha(A).item() * A.sum(-1).max().item()**2)))
+
+    lo, hi = 0.05, 1.0
+    assert decided(lo) != decided(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if decided(mid) == decided(lo) else (lo, mid)
+    return x * lo, x * hi
 
 
 @pytest.fixture

@@ -349,6 +349,23 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
     assert res['near']['worst_shortfall'] < 1e-6
 
 
+def test_newton_boundary_finds_a_tie_in_alphas_choice(monkeypatch):
+    """``alpha_margin``: landmarks at a tie of ``newton_alpha``'s choice (``alpha_tie``)
+    sit within float32 rounding of its bound; the same landmarks spread 10 % wider
+    do not."""
+    import torch
+
+    from mmsoft import analysis
+    from conftest import alpha_tie
+    tie = alpha_tie()[0].float()[None, None]  # (1, 1, m, d), as a layer records them
+    monkeypatch.setattr(analysis, 'soft_attention_inputs',
+                        lambda model, x: {'tie': (None, None, tie, None),
+                                          'wider': (None, None, tie * 1.1, None)})
+    res = analysis.newton_boundary(None, None)
+    assert res['tie']['alpha_margin'] < 1e-6
+    assert res['wider']['alpha_margin'] > 1e-4
+
+
 def test_pinv_accuracy_tool(capsys):
     """tools/analysis_tools/pinv_accuracy.py: a row per kernel, size and seed with the
     official float32 iteration's deviation, the bound and each path's deviation; the paths

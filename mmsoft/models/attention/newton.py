@@ -50,7 +50,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags
+from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags, widest_dtype
 
 __all__ = [
     'EXACT_PINV_METHODS', 'check_pinv_options', 'newton_alpha', 'newton_pinv',
@@ -95,6 +95,10 @@ def _check_method(method, iters, allowed=EXACT_PINV_METHODS):
         raise ValueError(f'iters must be >= 0, got {iters}')
 
 
+# newton_alpha halves α while ||I - α·A·A||₁ exceeds this
+ALPHA_BOUND = 1.01
+
+
 def newton_alpha(A, max_halvings=10, nonnegative=False):
     """Initial step α of the Newton–Raphson inverse, chosen per matrix (paper Alg. 2).
 
@@ -114,33 +118,53 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
         Tensor: (..., 1, 1) α for every matrix of the batch (not one α for the whole batch,
         which would make one image's output depend on the others in its batch).
     """
-    # (|A| is A itself when nonnegative: no m×m temporary, the same sums.)
-    row_sums = A.sum(-1, keepdim=True) if nonnegative else A.abs().sum(-1, keepdim=True)
-    alpha = 2 * row_sums.amax(-2, keepdim=True).pow(-2)  # (..., 1, 1); pow(-2) is 1/x²
     if nonnegative:
-        # a_j = ||A_j||², without an m×m temporary (it only decides the halvings)
-        diag = torch.linalg.vector_norm(A, dim=-1).pow(2)[..., None, :]  # (..., 1, m)
-        off = (A @ row_sums).transpose(-1, -2) - diag  # s_j - a_j
-        # Candidates α/2^j, j = 0 … max_halvings, along a new last dim: powers of two
-        # (exact) made on A's device (a tensor from a Python list would be a host-to-
-        # device copy, which synchronizes with a GPU in every call).
-        scales = 0.5**torch.arange(max_halvings + 1, dtype=A.dtype, device=A.device)
-        cand = alpha[..., None] * scales  # (..., 1, 1, J + 1)
-        c = cand[..., :-1]
-        norms = ((1 - c * diag[..., None]).abs() + c * off[..., None]).amax(-2)
+        # Decided in float64 (A's values, exact products and sums): which candidate meets
+        # the bound is a threshold, and a kernel can sit within float32 rounding of it
+        # (one of the cat photo's at 640×640: 1.3e-7 from 1.01), where another order of
+        # float32 sums (CUDA's) took one halving more or fewer. α then differs by 2, and
+        # so does the iterate on A's small eigenvalues (v_T(λ) ≈ α·λ·2^T there): the
+        # output maps moved 5e-5 from the float64 computation whatever computed the
+        # iterate. In float64 the decision is the reference's, and the same on every
+        # device, up to ties within float64 rounding (MPS has no float64: A's dtype).
+        cand, norms = alpha_candidates(A.to(widest_dtype(A)), max_halvings)
         # The bound holds for every α below one that meets it (the norm is convex in α
-        # and 1 at α = 0; the margins dwarf rounding), so the halvings of the sequential
-        # loop below are the candidates that miss it, at most max_halvings.
-        halvings = (norms > 1.01).sum(-1, keepdim=True)  # (..., 1, 1)
-        return cand.gather(-1, halvings[..., None]).squeeze(-1)
+        # and 1 at α = 0), so the halvings of the sequential loop below are the
+        # candidates that miss it, at most max_halvings.
+        halvings = (norms > ALPHA_BOUND).sum(-1, keepdim=True)  # (..., 1, 1)
+        return cand.gather(-1, halvings[..., None]).squeeze(-1).to(A.dtype)
+    alpha = 2 * A.abs().sum(-1, keepdim=True).amax(-2, keepdim=True).pow(-2)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     AA = A @ A
     # A fixed number of steps with torch.where (no data-dependent break): the result is
     # the same (α stops halving once the bound holds) and the graph stays traceable.
     for _ in range(max_halvings):
         norm = (eye - alpha * AA).abs().sum(-2).amax(-1)[..., None, None]
-        alpha = torch.where(norm > 1.01, alpha / 2, alpha)
+        alpha = torch.where(norm > ALPHA_BOUND, alpha / 2, alpha)
     return alpha
+
+
+def alpha_candidates(A, max_halvings=10):
+    """``newton_alpha``'s candidates for a nonnegative symmetric A (..., m, m) and the
+    norms they are tested by, computed in A's dtype.
+
+    Returns:
+        (Tensor, Tensor): α/2^j, j = 0 … ``max_halvings``, (..., 1, 1, J + 1), and
+        ||I - α/2^j·A²||₁ for j < J, (..., 1, J).
+    """
+    row_sums = A.sum(-1, keepdim=True)  # |A| = A: no m×m temporary
+    alpha = 2 * row_sums.amax(-2, keepdim=True).pow(-2)  # (..., 1, 1); pow(-2) is 1/x²
+    # a_j = ||A_j||², without an m×m temporary (it only decides the halvings)
+    diag = torch.linalg.vector_norm(A, dim=-1).pow(2)[..., None, :]  # (..., 1, m)
+    off = (A @ row_sums).transpose(-1, -2) - diag  # s_j - a_j
+    # Candidates along a new last dim: powers of two (exact) made on A's device (a tensor
+    # from a Python list would be a host-to-device copy, which synchronizes with a GPU
+    # in every call).
+    scales = 0.5**torch.arange(max_halvings + 1, dtype=A.dtype, device=A.device)
+    cand = alpha[..., None] * scales  # (..., 1, 1, J + 1)
+    c = cand[..., :-1]
+    norms = ((1 - c * diag[..., None]).abs() + c * off[..., None]).amax(-2)
+    return cand, norms
 
 
 # ---------------------------------------------------------------------------------------

@@ -158,8 +158,9 @@ class AttentionPlan:
 #     the float32 iterate, the more accurate, stays there.
 #   - The floor on CUDA (tools/analysis_tools/fidelity.py --device cuda, 7 images, real
 #     TF32): 1+15+4 steps padded keeps it at 384×640 (worst map 4.0e-6), 640×640 (2.5e-6;
-#     on chelsea every path of the thin order misses, the float32 iterate too, 5.1e-5,
-#     see docs/en/notes/numerics.md) and 800×1344 (1+15+4 unpadded 8.8e-6, the float32
+#     on chelsea every path of the thin order missed, the float32 iterate too, 5.1e-5:
+#     α's choice at a tie, decided in float64 since, not re-measured on CUDA; see
+#     docs/en/notes/numerics.md) and 800×1344 (1+15+4 unpadded 8.8e-6, the float32
 #     iterate 8.2e-6), gradients within their bound; 1+17+2 misses at 384×640 (1.3e-5)
 #     and 640×640 (1.8e-5; gradients 3.3e-2). Hard kernels on CUDA: every schedule
 #     from 1+18+1 within half the bound.
