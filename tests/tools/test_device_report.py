@@ -6,6 +6,7 @@ import sys
 import time
 
 from conftest import ROOT, load_tool
+from mmsoft.benchmark.common import path_plan
 
 
 device_report = load_tool('tools/analysis_tools/device_report.py')
@@ -21,27 +22,51 @@ def test_report_finds_the_repository():
 
 def test_report_runs_its_steps(tmp_path):
     """Each step's command, exit status and tables land in report.md, its numbers in
-    <step>.json, everything printed in report.log."""
+    <step>.json, everything printed in report.log. (Two real steps, a benchmark and the
+    fidelity tool; that every step's command is one its tool takes is checked below,
+    and the detector section itself in test_benchmark.py.)"""
     code = device_report.main(['--device', 'cpu', '--small', '--part', 'all', '--steps',
-                               'pinv', 'fidelity', 'detector', '--out', str(tmp_path)])
+                               'pinv', 'fidelity', '--out', str(tmp_path)])
     report = (tmp_path / 'report.md').read_text()
     assert code == 0, report
-    assert '## pinv: ' in report and '## detector: ' in report and '## fidelity: ' in report
-    assert '## fp32' not in report  # not selected
-    assert report.count('exit 0, ') == 3 and 'Every step completed.' in report
+    assert '## pinv: ' in report and '## fidelity: ' in report
+    assert '## fp32' not in report and '## detector' not in report  # not selected
+    assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
     assert 'tools/analysis_tools/benchmark.py --device cpu --sections pinv' in report
     assert '--sizes 64x64' in report and '--tf32-schedules 1,2 1,4 1,6 1,8' in report
     assert '| astronaut | ' in report and '| blank | ' in report  # the fidelity tables
-    assert '--detector-size 128x160 --json' in report
-    assert '| RetinaNet | SOFT-S |' in report  # the detector table
-    assert '\n### detector\n' in report  # the benchmark's headings below the step's
-    assert ' - mmengine - ' not in report  # mmengine's log lines stay in the raw log
-    assert (tmp_path / 'pinv.json').exists() and (tmp_path / 'detector.json').exists()
+    assert '\n### pinv\n' in report  # the benchmark's headings below the step's
+    assert (tmp_path / 'pinv.json').exists()
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
     assert set(fidelity['outputs']['blank']) == set(device_report.FIDELITY_PATHS)
     assert set(fidelity['gradients']) == {'astronaut'}
     assert set(fidelity['gradients']['astronaut']['paths']) == set(device_report.FIDELITY_PATHS)
-    assert '===== detector' in (tmp_path / 'report.log').read_text()
+    assert '===== fidelity' in (tmp_path / 'report.log').read_text()
+
+
+def test_every_step_is_a_command_its_tool_takes():
+    """Every step's arguments, at full and at toy sizes, parse in the tool it runs (a
+    step that ran on the GPU machine with an option the tool lacks would cost a call)."""
+    import argparse
+    benchmark = load_tool('tools/analysis_tools/benchmark.py')
+    fidelity = load_tool('tools/analysis_tools/fidelity.py')
+    parsers = {osp.basename(device_report.BENCHMARK): benchmark.build_parser(),
+               osp.basename(device_report.FIDELITY): fidelity.build_parser()}
+    for device in ('cpu', 'cuda'):
+        for small in (False, True):
+            args = argparse.Namespace(device=device, small=small, out='o')
+            for name in device_report.STEPS:
+                cmd = device_report.command(name, args)
+                if name == 'cuda-tests':
+                    continue
+                parsed = parsers[osp.basename(cmd[1])].parse_args(cmd[2:])
+                assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
+                if osp.basename(cmd[1]) == osp.basename(device_report.BENCHMARK):
+                    assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name
+                    for path in parsed.soft_plans:  # benchmark.main checks them so
+                        path_plan(path, device)
+                    if small:
+                        assert parsed.detector_size == '128x160', name
 
 
 def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
@@ -117,8 +142,9 @@ def test_compile_steps_measure_one_round_at_one_size():
             if name == 'cuda-tests':
                 assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
                 continue
-            if name == 'fidelity':
-                assert _last(cmd, '--size') == ['96x128' if small else '800x1344']
+            if device_report.STEPS[name][1] == 'fidelity':
+                full = {'fidelity': '800x1344', 'fidelity-640': '640x640'}[name]
+                assert _last(cmd, '--size') == ['96x128' if small else full]
                 continue
             compiled = name.startswith('compile')
             if small:
@@ -140,7 +166,8 @@ def test_parts_split_the_steps():
     assert parts.pop('compile-ro') == parts.pop('compile') == parts.pop('graphs') == 'compile'
     assert {parts.pop(n) for n in ('layout', 'bf16', 'fp16')} == {'extra'}
     assert set(parts.values()) == {'base'}
-    assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fp32', 'memory-modes'} == set(parts)
+    assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fidelity-640', 'fp32',
+            'memory-modes'} == set(parts)
 
 
 def test_report_leaves_log_lines_and_warnings_out():

@@ -13,6 +13,8 @@ runs. The steps, by part (one call of a lent GPU machine each):
   fidelity       tools/analysis_tools/fidelity.py at 800x1344: SOFT-S's output maps and
                  training gradients under the candidate paths, against float64 in the
                  official order (the floor every default keeps)
+  fidelity-640   the same at 640x640 on three images, among them the cat photo, whose
+                 maps a tie in α's choice moved on CUDA (docs/en/notes/numerics.md)
   fp32           benchmark --sections speed,train, SOFT-S also under the candidate plans
                  of SPEED_PATHS (--soft-plans)
   memory-modes   benchmark --sections memory,modes
@@ -93,6 +95,11 @@ STEPS = {
     'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
+    'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
+                                          'astronaut', 'page', '--paths', 'official',
+                                          'iterative', 'default'],
+                     "the floor at 640x640, where a tie in α's choice moved the cat "
+                     "photo's maps on CUDA (docs/en/notes/numerics.md)"),
     'fp32': ('base', 'benchmark', ['--sections', 'speed,train', '--soft-plans', *SPEED_PATHS],
              'speed and training step, float32'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
