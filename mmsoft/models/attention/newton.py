@@ -377,7 +377,7 @@ def _perron_pair(A, A64, steps=PERRON_STEPS):
     return mu, x.transpose(-1, -2), residual
 
 
-def _mixed_spectral_factors(A, alpha, iters):
+def _mixed_spectral_factors(A, iters, nonnegative=False):
     """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of a float32 symmetric A (..., m, m),
     from a float32 eigendecomposition where that is accurate enough, a float64 one
     elsewhere. U is (..., m, m + 1): A's eigenvectors and the Perron vector.
@@ -414,19 +414,22 @@ def _mixed_spectral_factors(A, alpha, iters):
     Ut = A.new_empty(*batch, m + 1, m)  # Uᵀ
     lam = A.new_empty(*batch, m)
     v = torch.empty(*batch, m + 1, dtype=torch.float64, device=A.device)
-    for args in zip(A.reshape(-1, m, m), alpha.reshape(-1, 1, 1).double(),
-                    Ut.view(-1, m + 1, m), lam.view(-1, m), v.view(-1, m + 1)):
-        _mixed_factors_into(*args, iters)
+    for args in zip(A.reshape(-1, m, m), Ut.view(-1, m + 1, m), lam.view(-1, m),
+                    v.view(-1, m + 1)):
+        _mixed_factors_into(*args, iters, nonnegative)
     return Ut.mT, v.float()
 
 
-def _mixed_factors_into(a, alpha, Ut, lam, v, iters):
-    """``_mixed_spectral_factors`` of one kernel a (m, m), float32, with α (1, 1) in
-    float64, written into Ut (m + 1, m) (Uᵀ: the eigenvectors, then the Perron vector or
-    zeros), v (m + 1) (float64) and lam (m) (float32 scratch for eigh's eigenvalues)."""
+def _mixed_factors_into(a, Ut, lam, v, iters, nonnegative):
+    """``_mixed_spectral_factors`` of one kernel a (m, m), float32, written into Ut
+    (m + 1, m) (Uᵀ: the eigenvectors, then the Perron vector or zeros), v (m + 1)
+    (float64) and lam (m) (float32 scratch for eigh's eigenvalues). α comes from the
+    kernel's float64 copy, while it is in cache (``newton_alpha`` decides in float64
+    anyway: from the whole batch that cost the CPU's forward at 800×1344 0.35 s)."""
     u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
     m = a.shape[-1]
     a64 = a.double()
+    alpha = newton_alpha(a64, nonnegative=nonnegative)  # (1, 1), float64
     mu, x, residual = _perron_pair(a, a64)
     split = residual.item() <= u * mu.item() / 16
     if split:
@@ -472,10 +475,11 @@ class _NewtonInverse:
 
     @classmethod
     def of(cls, A, iters, method, nonnegative, options):
+        if (method == 'spectral' and options['eigh_dtype'] == 'mixed'
+                and A.dtype == torch.float32):  # α per kernel, from its float64 copy
+            return cls(method, *_mixed_spectral_factors(A, iters, nonnegative))
         alpha = newton_alpha(A, nonnegative=nonnegative)
         if method == 'spectral':
-            if options['eigh_dtype'] == 'mixed' and A.dtype == torch.float32:
-                return cls(method, *_mixed_spectral_factors(A, alpha, iters))
             # 'mixed' of a float64 A: float64, as never below A's dtype
             dtype = torch.float64 if options['eigh_dtype'] == 'mixed' else getattr(
                 torch, options['eigh_dtype'])
