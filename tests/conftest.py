@@ -1,5 +1,4 @@
 import importlib.util
-import math
 import os
 import os.path as osp
 import re
@@ -66,6 +65,12 @@ def untrained_checkpoint(cfg_path, path):
     return str(path)
 
 
+def halvings(A, alpha):
+    """How often ``newton_alpha`` halved 2 / (max row sum)² for A (an integer tensor)."""
+    start = 2 / A.abs().sum(-1).amax(-1).pow(2)[..., None, None]
+    return torch.round(torch.log2(start / alpha)).long()
+
+
 def alpha_tie(m=96, d=16, seed=0):
     """Landmarks (m, d), float64, on either side of a tie in ``newton_alpha``'s choice:
     their float32 Gaussian kernels, one bandwidth step apart (bisection), take different
@@ -76,7 +81,7 @@ def alpha_tie(m=96, d=16, seed=0):
 
     def decided(t):  # halvings decided in float64 for the float32 kernel
         A = gaussian_kernel(x * t, x * t).float().double()
-        return round(math.log2(2 / (newton_alpha(A).item() * A.sum(-1).max().item()**2)))
+        return halvings(A, newton_alpha(A)).item()
 
     lo, hi = 0.05, 1.0
     assert decided(lo) != decided(hi)

@@ -50,18 +50,17 @@ def test_every_step_is_a_command_its_tool_takes():
     import argparse
     benchmark = load_tool('tools/analysis_tools/benchmark.py')
     fidelity = load_tool('tools/analysis_tools/fidelity.py')
-    parsers = {osp.basename(device_report.BENCHMARK): benchmark.build_parser(),
-               osp.basename(device_report.FIDELITY): fidelity.build_parser()}
+    parsers = {'benchmark': benchmark.build_parser(), 'fidelity': fidelity.build_parser()}
     for device in ('cpu', 'cuda'):
         for small in (False, True):
             args = argparse.Namespace(device=device, small=small, out='o')
-            for name in device_report.STEPS:
-                cmd = device_report.command(name, args)
-                if name == 'cuda-tests':
+            for name, (_, tool, _, _) in device_report.STEPS.items():
+                if tool == 'pytest':
                     continue
-                parsed = parsers[osp.basename(cmd[1])].parse_args(cmd[2:])
+                cmd = device_report.command(name, args)
+                parsed = parsers[tool].parse_args(cmd[2:])
                 assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
-                if osp.basename(cmd[1]) == osp.basename(device_report.BENCHMARK):
+                if tool == 'benchmark':
                     assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name
                     for path in parsed.soft_plans:  # benchmark.main checks them so
                         path_plan(path, device)

@@ -10,13 +10,7 @@ from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alph
                                      normalize_inverse, regularized_apply,
                                      resolve_pinv_method, round_tf32, sima_attention,
                                      soft_attention)
-from conftest import alpha_tie
-
-
-def halvings(A, alpha):
-    """How often ``newton_alpha`` halved 2 / (max row sum)² for A (an integer tensor)."""
-    start = 2 / A.abs().sum(-1).amax(-1).pow(2)[..., None, None]
-    return torch.round(torch.log2(start / alpha)).long()
+from conftest import alpha_tie, halvings
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
