@@ -3,21 +3,23 @@
 Each step runs as its own process; a failing or slow step is recorded and the next one
 runs. The steps, by part (one call of a lent GPU machine each):
 
-  --part base (no compiled mmcv ops needed)
+  --part base (no compiled mmcv ops needed; the figures still open come first, then the
+  measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
-  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and split
-                 TF32 (ms, TFLOP/s): do TF32 products reach the tensor cores?
+  fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
+                 the cat photo, whose maps a tie in α's choice moved on CUDA
+                 (docs/en/notes/numerics.md)
+  fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate
+                 (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this GPU
+  fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
+                 under the candidate paths, against float64 in the official order (the
+                 floor every default keeps)
+  memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
                  the plan's pinv and its options
-  fidelity       tools/analysis_tools/fidelity.py at 800x1344: SOFT-S's output maps and
-                 training gradients under the candidate paths, against float64 in the
-                 official order (the floor every default keeps)
-  fidelity-640   the same at 640x640 on three images, among them the cat photo, whose
-                 maps a tie in α's choice moved on CUDA (docs/en/notes/numerics.md)
-  fp32           benchmark --sections speed,train, SOFT-S also under the candidate plans
-                 of SPEED_PATHS (--soft-plans)
-  memory-modes   benchmark --sections memory,modes
+  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and split
+                 TF32 (ms, TFLOP/s): do TF32 products reach the tensor cores?
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
@@ -78,23 +80,14 @@ FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
 TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
                   + ['tf32-1-2-pad32', 'tf32-1-8-pad32'])
-# the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans)
-SPEED_PATHS = ('tf32-1-8-pad32', 'tf32-1-4-pad32', 'tf32-1-2-pad32')
+# the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
+# the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the default)
+SPEED_PATHS = ('iterative', )
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
 STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
-    'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
-                                     '1025', '1050', '1056', '1088'],
-               'one m×m product: float32, TF32, split TF32'),
-    'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
-                                   '1050', '--pinv-pad', '32', '--tf32-schedules']
-             + [f'{f},{l}' for f, l in TF32_SCHEDULES],
-             "pseudo-inverse by landmark count (the plan's pinv and its options)"),
-    'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
-                                      *FIDELITY_PATHS],
-                 'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default'],
@@ -102,8 +95,18 @@ STEPS = {
                      "photo's maps on CUDA (docs/en/notes/numerics.md)"),
     'fp32': ('base', 'benchmark', ['--sections', 'speed,train', '--soft-plans', *SPEED_PATHS],
              'speed and training step, float32'),
+    'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
+                                      *FIDELITY_PATHS],
+                 'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
+    'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
+                                   '1050', '--pinv-pad', '32', '--tf32-schedules']
+             + [f'{f},{l}' for f, l in TF32_SCHEDULES],
+             "pseudo-inverse by landmark count (the plan's pinv and its options)"),
+    'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
+                                     '1025', '1050', '1056', '1088'],
+               'one m×m product: float32, TF32, split TF32'),
     # their own part (a call of its own): at the detection size, SOFT-S and Swin-T
     # only; the CUDA graphs first (cheap), then torch.compile in one round, every
     # measurement compiling its model afresh
