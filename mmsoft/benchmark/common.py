@@ -121,8 +121,9 @@ def path_plan(name, device):
       iterative               the formed float32 iterate
       spectral64, spectral32  one eigendecomposition in float64 / float32
       spectral-mixed          float32 where a first-order bound allows it, else float64
-      tf32-F-L[-padN]         TF32 products between F float32 steps first and L last,
-                              with m zero-padded to a multiple of N
+      tf32-F-L[-padN][-thinK] TF32 products between F float32 steps first and L last,
+                              with m zero-padded to a multiple of N; without gradients
+                              the last K float32 steps applied to the thin matrix
       tf32x3                  three TF32 products of split operands per product
     """
     from mmsoft.models.attention import PLANS, plan_for
@@ -140,12 +141,13 @@ def path_plan(name, device):
     }
     if name in fixed:
         return fixed[name]
-    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?', name)
+    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
     if match is None:
-        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or tf32-F-L[-padN]')
-    first, last, pad = match.groups()
+        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or '
+                         'tf32-F-L[-padN][-thinK]')
+    first, last, pad, thin = match.groups()
     return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
-                   pinv_pad=int(pad or 1))
+                   pinv_pad=int(pad or 1), thin_steps=int(thin or 0))
 
 
 def measure_path(name, size, device, repeat, train=False, batch=1, amp=None):

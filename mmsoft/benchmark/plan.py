@@ -45,8 +45,8 @@ def pinv_columns(args):
     iterate on this device, with m zero-padded to a multiple of ``--pinv-pad`` too."""
     cols = {
         'iterative': partial(_pinv_formed, method='iterative'),
-        'iterative, applied': partial(_pinv_applied, method='iterative', thin=False),
-        'iterative, thin': partial(_pinv_applied, method='iterative', thin=True),
+        'iterative, applied': partial(_pinv_applied, method='iterative'),
+        'iterative, thin': partial(_pinv_applied, method='iterative', thin_steps=20),
         'spectral, eigh float64': partial(_pinv_applied, method='spectral',
                                           eigh_dtype='float64'),
         'spectral, eigh float32': partial(_pinv_applied, method='spectral',
@@ -58,6 +58,10 @@ def pinv_columns(args):
                 _pinv_applied, method='tf32', tf32_float32_steps=(first, last))
             cols[f'tf32 {first}+{20 - first - last}+{last}'] = partial(
                 _pinv_formed, method='tf32', tf32_float32_steps=(first, last))
+            if last:
+                cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin'] = partial(
+                    _pinv_applied, method='tf32', tf32_float32_steps=(first, last),
+                    thin_steps=last)
         cols['tf32x3, applied'] = partial(_pinv_applied, method='tf32x3')
     k = args.pinv_pad
     if k > 1:  # the iterations again on sizes padded to a multiple of k
@@ -88,7 +92,8 @@ def section_pinv(args, out):
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
                  "computes it (the formed iterate times Z); 'thin' applies the T steps to "
                  "Z (T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
-                 "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps.")
+                 "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps; "
+                 "'last L thin': those L applied to Z (L m×m products instead of 2L).")
     if args.pinv_pad > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of "
                      f'{args.pinv_pad} (the same iterate on its block; aligned sizes for '

@@ -26,8 +26,8 @@ KERNEL_BOUND = 1e-3
 # The ways to compute A⁺·Z (``newton_pinv_apply`` arguments; 'tf32' with the schedule
 # off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's plan's). ``PLAN_PATHS`` are
 # those a plan may take; the others are measured alternatives that miss
-# ``KERNEL_BOUND`` on some hard kernels (float32 eigh on near-rank-1 ones, the thin
-# application near the boundary).
+# ``KERNEL_BOUND`` on some hard kernels (float32 eigh on near-rank-1 ones, every step
+# applied to the thin matrix near the boundary).
 _CUDA = PLANS['cuda']
 PINV_PATHS = {
     'iterative': dict(method='iterative'),
@@ -36,13 +36,16 @@ PINV_PATHS = {
     'tf32, padded to 8': dict(method='tf32', pad_to=8),
     "tf32, CUDA's plan": dict(method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps,
                               pad_to=_CUDA.pinv_pad),
+    "tf32, CUDA's plan, last steps thin": dict(
+        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
+        thin_steps=_CUDA.tf32_float32_steps[1]),
     'tf32x3': dict(method='tf32x3'),
-    'iterative, thin': dict(method='iterative', thin=True),
+    'iterative, thin': dict(method='iterative', thin_steps=20),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
     'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),
 }
 PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'tf32', 'tf32, padded to 8',
-              "tf32, CUDA's plan", 'tf32x3')
+              "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin", 'tf32x3')
 
 
 def kernel_bound(floor):
@@ -133,14 +136,14 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
         per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
-        path with gradients; the thin path has none), each the deviation (inf where not
-        finite).
+        path with gradients; none for paths with thin steps, which form the iterate
+        there), each the deviation (inf where not finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))
     for name in paths:
         kwargs = PINV_PATHS[name]
-        for grad in ((False, ) if kwargs.get('thin') else (False, True)):
+        for grad in ((False, ) if kwargs.get('thin_steps') else (False, True)):
             with torch.set_grad_enabled(grad):
                 W = newton_pinv_apply(A.to(device, copy=True).requires_grad_(grad), Z.to(device),
                                       nonnegative=True, **kwargs).detach().cpu()

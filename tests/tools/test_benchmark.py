@@ -283,6 +283,10 @@ def test_pinv_columns_compute_the_same_iterate():
     args = argparse.Namespace(device='cpu', pinv_pad=8, tf32_schedules=[(1, 2)])
     cols = pinv_columns(args)
     assert {'iterative, m padded to ×8', 'iterative, thin, m padded to ×8'} <= set(cols)
+    # CUDA's columns too (a float64 A runs 'tf32''s steps in float64 here)
+    cuda = pinv_columns(argparse.Namespace(device='cuda', pinv_pad=8, tf32_schedules=[(1, 2)]))
+    assert 'tf32 1+17+2, last 2 thin, m padded to ×8' in cuda
+    cols.update(cuda)
     for name, fn in cols.items():
         with torch.no_grad():
             out = fn(A, Z)

@@ -5,9 +5,7 @@ Paper Alg. 2 ("alternative form"): V₀ = αA, V_{k+1} = 2V_k - V_k·A·V_k for 
 same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 
     'iterative'  the matrix iteration in float32: 2T products of m×m matrices (formed,
-                 as training keeps it for backward). ``newton_pinv_apply(thin=True)``
-                 applies the steps to the thin matrix instead (T m×m products; not in
-                 any plan: ``_apply_thin``).
+                 as training keeps it for backward).
     'spectral'   one eigendecomposition of A, the iterate's filter on its eigenvalues,
                  applied to the thin matrix (``_spectral_factors``; ``eigh_dtype``
                  float64, float32 or 'mixed' for a float32 A: float32 where a first-order
@@ -31,7 +29,9 @@ functions here take every choice as an argument and read no plan.
 
 The iterations can run on A zero-padded to a multiple of ``pad_to`` landmarks (aligned
 sizes for tensor cores): A's block never mixes with the zero block and α is unchanged,
-so the iterate is the same.
+so the iterate is the same. Without gradients, the last ``thin_steps`` float32 steps of
+'iterative' or 'tf32' can be applied to the thin matrix instead of forming the iterate
+(``_apply_thin``: the same steps, one m×m product each instead of two).
 
 Accuracy is judged on the network's outputs (docs/en/notes/numerics.md): each output
 map of a default path within 1e-5 of the float64 computation in the official order, on
@@ -53,9 +53,9 @@ import torch.nn.functional as F
 from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags, widest_dtype
 
 __all__ = [
-    'EXACT_PINV_METHODS', 'check_pinv_options', 'newton_alpha', 'newton_pinv',
-    'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse', 'regularized_apply',
-    'round_tf32', 'truncate_tf32'
+    'EXACT_PINV_METHODS', 'check_pinv_options', 'check_thin_steps', 'newton_alpha',
+    'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse',
+    'regularized_apply', 'round_tf32', 'truncate_tf32'
 ]
 
 # The ways to compute the same T-step iterate (module docstring).
@@ -86,6 +86,26 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
     if not isinstance(pad_to, int) or pad_to < 1:
         raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
     return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to)
+
+
+def check_thin_steps(thin_steps, method, tf32_float32_steps, iters=None):
+    """``thin_steps`` checked for ``method``: an int >= 0, and at most the float32 steps
+    the iteration ends with (all of 'iterative''s ``iters``, the last of 'tf32''s
+    ``tf32_float32_steps``); 'spectral' and 'tf32x3' take none."""
+    if not isinstance(thin_steps, int) or thin_steps < 0:
+        raise ValueError(f'thin_steps must be an int >= 0, got {thin_steps!r}')
+    if not thin_steps:
+        return thin_steps
+    if method in ('spectral', 'tf32x3'):
+        raise ValueError(f"thin_steps: {method!r} has no float32 steps to apply to the thin "
+                         f'matrix, got {thin_steps}')
+    if method == 'tf32' and thin_steps > tf32_float32_steps[1]:
+        raise ValueError(f"thin_steps: 'tf32' ends with {tf32_float32_steps[1]} float32 "
+                         f'steps (tf32_float32_steps={tuple(tf32_float32_steps)}), got '
+                         f'{thin_steps}')
+    if iters is not None and thin_steps > iters:
+        raise ValueError(f'thin_steps: the iteration has {iters} steps, got {thin_steps}')
+    return thin_steps
 
 
 def _check_method(method, iters, allowed=EXACT_PINV_METHODS):
@@ -509,33 +529,50 @@ class _NewtonInverse:
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
 
-def _apply_thin(A, Z, iters, nonnegative, pad_to):
-    """A⁺·Z by the float32 iterate applied to the thin Z, without forming A⁺ (inference).
+def _apply_thin(A, Z, iters, method, nonnegative, options, steps):
+    """A⁺·Z with the last ``steps`` (float32) steps of the iteration applied to the thin
+    Z instead of forming A⁺ (inference).
 
-    With X_k = A·V_k, every step is V_{k+1} = V_k·(2I - X_k) and X_{k+1} = 2X_k - X_k²
-    (all polynomials in A commute), so Y·Z = αA·(2I - X_0)···(2I - X_{T-1})·Z: T m×m
-    products (X_0 = αA², then T - 1 squarings) and T + 1 thin ones, instead of the 2T
-    m×m products of the formed iterate. The rounding of the factors is not corrected by
-    later steps as a formed step corrects V's (up to 270× the official float32
-    iteration's deviation on duplicated landmarks, and 3e-3–1e-2 from the float64
-    iterate on kernels near the step size's boundary, where the official float32
-    iteration is within 1.4e-4–8e-6). On SOFT-S's output maps it stays within the 1e-5
-    floor (docs/en/notes/numerics.md).
+    With V the iterate ``steps`` steps before the end (formed, by ``method``'s schedule)
+    and X_0 = A·V, every further step is V_{k+1} = V_k·(2I - X_k) with X_{k+1} =
+    A·V_{k+1} = 2X_k - X_k² (associativity alone, no commuting), so A⁺·Z = V·(2I - X_0)
+    ···(2I - X_{L-1})·Z: L m×m products (X_0, then L - 1 squarings) and L + 1 thin ones,
+    instead of the 2L m×m products of formed steps. The X_k are polynomials in X_0, so
+    the factors commute and apply to Z in any order.
+
+    The algebra is that of the formed steps, so the thin steps correct the formed
+    iterate's rounding as formed steps would (Newton's step squares the error in the
+    converged directions: CUDA's TF32 steps end in float32 steps for that). What they do
+    not correct is their own factors' rounding: with every step applied thin (V = V₀ =
+    αA, ``thin_steps=iters``, in no plan), the first factor 2I - αA² is near 0 for
+    eigenvalues near the step size's boundary (αλ² ≈ 2), and its rounding stays: 3e-3–
+    1e-2 from the float64 iterate there, where the official float32 iteration is within
+    1.4e-4–8e-6 (docs/en/notes/numerics.md). A plan applies at most the float32 steps that
+    end 'tf32''s schedule, after a formed float32 step (``check_thin_steps``).
     """
     m = A.shape[-1]
     alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
-    A3 = _padded(A, pad_to)
-    A3 = A3.reshape(-1, *A3.shape[-2:])
+    A3 = _padded(A, options['pad_to'])
+    A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
     Z3 = Z.reshape(-1, *Z.shape[-2:])
     if A3.shape[-1] != m:
         Z3 = F.pad(Z3, (0, 0, 0, A3.shape[-1] - m))
-    X = alpha * (A3 @ A3)  # X_0 = A·V_0
+    V = alpha * A3
+    left = steps  # the float32 steps at the schedule's end that are applied thin
+    formed = []
+    for count, precision in reversed(_schedule(method, iters, options['tf32_float32_steps'])):
+        cut = min(left, count)  # check_thin_steps: float32 steps only
+        left -= cut
+        formed.insert(0, (count - cut, precision))
+    for count, precision in formed:
+        V = _newton_steps(A3, V, count, precision)
+    X = A3 @ V  # X_0
     W = Z3
-    for k in range(iters):
+    for k in range(steps):
         W = torch.baddbmm(W, X, W, beta=2, alpha=-1)  # (2I - X_k)·W
-        if k + 1 < iters:
+        if k + 1 < steps:
             X = torch.baddbmm(X, X, X, beta=2, alpha=-1)  # X_{k+1} = 2X_k - X_k²
-    W = alpha * (A3 @ W)  # V_0·W
+    W = V @ W
     return W[:, :m].reshape(Z.shape)
 
 
@@ -614,30 +651,32 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
 
 def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
-                      thin=False):
+                      thin_steps=0):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
     'tf32' and 'tf32x3' form A⁺ (training keeps it for backward); 'spectral' never forms
-    it; without gradients 'iterative' with ``thin`` applies its steps to Z
-    (``_apply_thin``).
+    it; without gradients the last ``thin_steps`` steps of 'iterative' and 'tf32' are
+    applied to Z (``_apply_thin``).
 
     Args:
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
         eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
-        thin (bool): 'iterative' without gradients applies its steps to Z
-            (``_apply_thin``: half the m×m products; beyond 1e-3 of the float64 iterate on
-            kernels near the step size's boundary, so no plan uses it).
+        thin_steps (int): without gradients, this many of the float32 steps that end the
+            iteration run on the thin Z: one m×m product each instead of two
+            (``_apply_thin``; at most 'tf32''s last float32 steps, every step of
+            'iterative'; ``check_thin_steps``). With gradients the iterate is formed.
     Returns:
         Tensor: (..., m, n)
     """
     _check_method(method, iters)
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to)
+    thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
-    if method == 'iterative' and thin and not grad:
-        return _apply_thin(A, Z, iters, nonnegative, options['pad_to'])
+    if thin_steps and not grad:
+        return _apply_thin(A, Z, iters, method, nonnegative, options, thin_steps)
     return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative, options)
 
 

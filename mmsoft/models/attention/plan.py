@@ -12,6 +12,9 @@ changes what is computed, only how (up to float rounding):
     tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
+    thin_steps         without gradients, this many of the float32 steps that end
+                       'iterative' and 'tf32' are applied to the thin matrix (one m×m
+                       product each instead of two; at most 'tf32''s last float32 steps)
     kernel_chunk       row chunks of P = κ(Q, Q̃) of about this many elements, when P is
                        not formed whole (``soft.py``)
     kernel_once_up_to  without gradients P is formed whole up to this many elements
@@ -48,7 +51,8 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Optional, Tuple
 
-from .newton import EIGH_DTYPE, EXACT_PINV_METHODS, TF32_FLOAT32_STEPS, check_pinv_options
+from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, TF32_FLOAT32_STEPS, check_pinv_options,
+                     check_thin_steps)
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
@@ -74,6 +78,7 @@ class AttentionPlan:
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
+        thin_steps (int): float32 steps applied to the thin matrix without gradients.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
@@ -84,6 +89,7 @@ class AttentionPlan:
     eigh_dtype: str = EIGH_DTYPE
     tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
     pinv_pad: int = 1
+    thin_steps: int = 0
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     local_conv_layout: str = 'images'
@@ -103,6 +109,11 @@ class AttentionPlan:
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
             self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad,
             pad_name='pinv_pad')['tf32_float32_steps'])
+        for _, method in pinv:  # the layer's iteration count is checked when it runs
+            check_thin_steps(self.thin_steps, method, self.tf32_float32_steps)
+        if self.thin_steps > self.tf32_float32_steps[1]:  # after a formed float32 step
+            raise ValueError(f"thin_steps: at most 'tf32''s last float32 steps "
+                             f'({self.tf32_float32_steps[1]}), got {self.thin_steps}')
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         once = self.kernel_once_up_to
@@ -201,6 +212,16 @@ class AttentionPlan:
 #
 # pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
 #   the iterate of the padded block is the same), 1 elsewhere.
+#
+# thin_steps: 0 everywhere, until timed on a GPU. The candidate is CUDA's: its 4 last
+#   float32 steps applied to the thin matrix in inference, 6 float32 m×m products per
+#   layer instead of 10 (the H200's profile above: a float32 product cost ~5 TF32 ones).
+#   TF32 emulated on the CPU it keeps the hard-kernel bound (within 1.5× of the formed
+#   schedule where its last float32 steps matter; tests/models/attention/
+#   test_attention.py) and the output floor at 640×640 (`tools/analysis_tools/
+#   fidelity.py --size 640x640 --paths cuda tf32-1-4-pad32-thin4 tf32-1-8-thin8`;
+#   docs/en/notes/numerics.md). The device report's fp32, fidelity and fidelity-640
+#   steps measure it on CUDA.
 #
 # kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
 #   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mmsoft.testing import (HARD_KERNELS, PLAN_PATHS, hard_problem, kernel_bound,
-                            pinv_accuracy, relative_deviation)
+from mmsoft.testing import (HARD_KERNELS, PINV_PATHS, PLAN_PATHS, hard_problem,
+                            kernel_bound, pinv_accuracy, relative_deviation)
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
@@ -444,7 +444,10 @@ def test_every_path_a_plan_may_take_stays_near_the_float64_iterate(kind, m):
     assert resolve_pinv_method('auto', m, 'cpu') in PLAN_PATHS
     assert resolve_pinv_method('auto', m, 'cuda') in PLAN_PATHS
     out = pinv_accuracy(kind, m)
-    assert len(out) == 2 + 2 * len(PLAN_PATHS)
+    # inference and training per path; training only where the iterate is formed there
+    # anyway (no thin steps)
+    assert len(out) == 2 + sum(1 if PINV_PATHS[p].get('thin_steps') else 2
+                               for p in PLAN_PATHS)
     for name, dev in out.items():
         if name not in ('floor', 'bound'):
             assert dev <= out['bound'], (kind, m, name, dev, out['floor'])
@@ -553,35 +556,85 @@ def test_padding_keeps_every_iterate():
     the same iterate, formed, thin and in TF32 (float64: differences are rounding)."""
     A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
     Z = torch.randn(2, 30, 5, dtype=torch.float64)
-    for kwargs in (dict(method='iterative'), dict(method='iterative', thin=True),
-                   dict(method='tf32x3')):
+    for kwargs in (dict(method='iterative'), dict(method='iterative', thin_steps=20),
+                   dict(method='tf32', thin_steps=8), dict(method='tf32x3')):
         ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
         out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
         assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
     assert newton_pinv(A, pad_to=16).shape == A.shape
 
 
-def test_thin_inference_is_the_iterate(monkeypatch):
-    """Inference with the steps applied to the thin matrix computes the formed iterate
-    times Z (exactly so in float64) with T m×m products instead of 2T; with gradients
-    the formed iterate runs (Eq. 16 needs it)."""
+def _mm_products(fn):
+    """(m×m products, thin products) of the matrix products ``fn`` runs, counted below
+    autograd: a product whose second operand is square or not."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    aten = torch.ops.aten
+    counts = [0, 0]
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (aten.bmm.default, aten.mm.default, aten.baddbmm.default):
+                b = args[-1] if func is not aten.baddbmm.default else args[2]
+                counts[b.shape[-1] != b.shape[-2]] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        fn()
+    return tuple(counts)
+
+
+@pytest.mark.parametrize('kwargs, steps', [
+    (dict(method='iterative'), 20),  # every step thin, from V₀ = αA
+    (dict(method='iterative'), 4),
+    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4),  # CUDA's schedule
+    (dict(method='tf32', tf32_float32_steps=(1, 8)), 3),
+])
+def test_thin_steps_are_the_formed_steps(kwargs, steps):
+    """Inference with the last L steps applied to the thin matrix computes the formed
+    iterate times Z (exactly so in float64, where 'tf32' runs every step in float64) with
+    L m×m products for those steps instead of 2L; with gradients the iterate is formed
+    (Eq. 16 needs it)."""
     A = gaussian_kernel_matrix(40, batch=(3, ), scale=0.3)
     Z = torch.randn(3, 40, 8, dtype=torch.float64)
-    ref = newton_pinv(A, method='iterative') @ Z
+    ref = newton_pinv(A, **kwargs) @ Z
     with torch.no_grad():
-        thin = newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin=True)
+        thin = newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs)
+        formed = _mm_products(lambda: newton_pinv_apply(A, Z, nonnegative=True, **kwargs))
+        counted = _mm_products(
+            lambda: newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs))
     assert relative_deviation(thin, ref) < 1e-12
-    products = []
-    bmm = torch.baddbmm
+    assert formed[0] - counted[0] == steps  # one m×m product fewer per thin step
+    assert counted[1] - formed[1] == steps  # (2I - X)·W each, V·W instead of Y·Z
+    with torch.enable_grad():
+        W = newton_pinv_apply(A.clone().requires_grad_(), Z, nonnegative=True,
+                              thin_steps=steps, **kwargs)
+        assert _mm_products(lambda: W.sum().backward())[0] == 0  # saved, formed
+    assert relative_deviation(W.detach(), ref) < 1e-12
 
-    def counting(input, b1, b2, **kw):
-        products.append(b1.shape[-1] == b2.shape[-1])  # m×m times m×m
-        return bmm(input, b1, b2, **kw)
 
-    monkeypatch.setattr(torch, 'baddbmm', counting)
-    with torch.no_grad():
-        newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin=True)
-    assert products.count(True) == 19 and products.count(False) == 20
+@pytest.mark.parametrize('kwargs', [
+    dict(method='spectral', thin_steps=1), dict(method='tf32x3', thin_steps=1),
+    dict(method='tf32', tf32_float32_steps=(1, 4), thin_steps=5),
+    dict(method='iterative', iters=3, thin_steps=4), dict(method='iterative', thin_steps=-1),
+])
+def test_thin_steps_are_float32_steps_that_exist(kwargs):
+    """Only the float32 steps that end the iteration can be applied thin: 'spectral' has
+    no steps, 'tf32x3''s are split products, 'tf32''s middle ones TF32."""
+    A = gaussian_kernel_matrix(8, batch=(1, ), scale=0.3)
+    with pytest.raises(ValueError, match='thin_steps'):
+        newton_pinv_apply(A, torch.ones(1, 8, 2, dtype=torch.float64), nonnegative=True,
+                          **kwargs)
+
+
+def test_thin_steps_keep_cudas_schedule_accurate():
+    """On the hard kernels where 'tf32''s last float32 steps matter (clustered: without
+    them beyond the bound), CUDA's schedule with those steps thin stays within 1.5× of
+    the formed schedule's deviation (TF32 emulated): the thin steps correct the formed
+    TF32 steps' rounding as formed steps would. Every step thin would not (below)."""
+    cuda, thin = "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin"
+    for kind, m in (('clustered', 64), ('pooled', 196), ('near_rank1', 64)):
+        out = pinv_accuracy(kind, m, paths=(cuda, thin))
+        assert out[f'{thin} inference'] <= 1.5 * out[f'{cuda} inference'], (kind, out)
 
 
 def test_newton_of_the_identity_is_zero():

@@ -63,6 +63,10 @@ def test_forced_choices_nest_and_are_restored():
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
     (dict(pinv_pad=0), ValueError),
+    (dict(pinv='tf32', thin_steps=-1), ValueError),
+    (dict(pinv='tf32', tf32_float32_steps=(1, 4), thin_steps=5), ValueError),  # TF32 steps
+    (dict(pinv='iterative', tf32_float32_steps=(1, 0), thin_steps=1), ValueError),
+    (dict(pinv='spectral', thin_steps=1), ValueError),  # no steps
 ])
 def test_bad_choices_are_refused(choices, error):
     with pytest.raises(error):
@@ -161,10 +165,13 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
-                        eigh_dtype='float32'):
+                        eigh_dtype='float32', thin_steps=2):
         soft_attention(q, lm, v)
-    assert seen == [dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3),
-                         pad_to=8)]
+        soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
+        soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
+    options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8)
+    assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
+                    dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
     # steps around the TF32 ones (the same operations, so the same bits) as outside it.
     A, Z = hard_problem('near_identity', 64, 0)[:2]
