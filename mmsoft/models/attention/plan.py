@@ -218,8 +218,9 @@ class AttentionPlan:
 #   layer instead of 10 (the H200's profile above: a float32 product cost ~5 TF32 ones).
 #   TF32 emulated on the CPU it keeps the hard-kernel bound (within 1.5× of the formed
 #   schedule where its last float32 steps matter; tests/models/attention/
-#   test_attention.py) and the output floor at 640×640 (`tools/analysis_tools/
-#   fidelity.py --size 640x640 --paths cuda tf32-1-4-pad32-thin4 tf32-1-8-thin8`;
+#   test_attention.py) and the output floor (`tools/analysis_tools/fidelity.py --size S
+#   --paths cuda tf32-1-4-pad32-thin4`, worst map, formed / thin: 384×640 6.6e-6 /
+#   7.2e-6, 640×640 4.2e-6 / 3.3e-6, 800×1344 3.8e-6 / 3.9e-6 on three images;
 #   docs/en/notes/numerics.md). The device report's fp32, fidelity and fidelity-640
 #   steps measure it on CUDA.
 #
