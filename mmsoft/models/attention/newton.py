@@ -60,6 +60,8 @@ __all__ = [
 
 # The ways to compute the same T-step iterate (module docstring).
 EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
+# Those whose iteration ends in float32 steps, which ``thin_steps`` can apply thin
+THIN_STEP_METHODS = ('iterative', 'tf32')
 # The options' values when a caller gives none (every plan's too, unless it says
 # otherwise; the measurements behind them are beside the plans in ``plan.py``).
 EIGH_DTYPE = 'float64'
@@ -91,12 +93,12 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
 def check_thin_steps(thin_steps, method, tf32_float32_steps, iters=None):
     """``thin_steps`` checked for ``method``: an int >= 0, and at most the float32 steps
     the iteration ends with (all of 'iterative''s ``iters``, the last of 'tf32''s
-    ``tf32_float32_steps``); 'spectral' and 'tf32x3' take none."""
+    ``tf32_float32_steps``); the other methods (``THIN_STEP_METHODS``) take none."""
     if not isinstance(thin_steps, int) or thin_steps < 0:
         raise ValueError(f'thin_steps must be an int >= 0, got {thin_steps!r}')
     if not thin_steps:
         return thin_steps
-    if method in ('spectral', 'tf32x3'):
+    if method not in THIN_STEP_METHODS:
         raise ValueError(f"thin_steps: {method!r} has no float32 steps to apply to the thin "
                          f'matrix, got {thin_steps}')
     if method == 'tf32' and thin_steps > tf32_float32_steps[1]:

@@ -51,8 +51,8 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Optional, Tuple
 
-from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, TF32_FLOAT32_STEPS, check_pinv_options,
-                     check_thin_steps)
+from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FLOAT32_STEPS,
+                     check_pinv_options, check_thin_steps)
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
@@ -138,6 +138,14 @@ class AttentionPlan:
             raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got '
                              f'{pinv_method!r}')
         return self.pinv_method(m) if pinv_method == 'auto' else pinv_method
+
+    def thin_steps_for(self, method, iters):
+        """The thin steps a layer running ``method`` for ``iters`` steps takes from this
+        plan: ``thin_steps`` where the method ends in float32 steps (a layer's
+        ``pinv_method`` may name another), after at least one formed step."""
+        if method not in THIN_STEP_METHODS:
+            return 0
+        return min(self.thin_steps, max(iters - 1, 0))
 
     def pinv_options(self):
         """How the iterate is computed besides its method, as ``newton_pinv_apply``'s

@@ -255,11 +255,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if method == 'regularized':
             W = regularized_apply(A, Z, iters)
         else:
-            # the plan's thin steps where the method ends in float32 steps (a layer's
-            # pinv_method may name another), after at least one formed step
-            thin = (min(plan.thin_steps, max(iters - 1, 0))
-                    if method in ('iterative', 'tf32') else 0)
-            W = newton_pinv_apply(A, Z, iters, method, nonnegative=True, thin_steps=thin,
+            W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
+                                  thin_steps=plan.thin_steps_for(method, iters),
                                   **plan.pinv_options())
         if normalize:
             W = d_inv_sqrt * W
