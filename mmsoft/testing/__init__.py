@@ -6,7 +6,8 @@ from .fidelity import (FIDELITY_IMAGES, GRADIENT_TOL, NATURAL_IMAGES, OUTPUT_TOL
                        reference_gradients, reference_outputs, reference_relu_inputs,
                        relu_flips)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
-                       hard_landmarks, hard_problem, kernel_bound, official_float32_iterate,
+                       hard_landmarks, hard_problem, inference_only, kernel_bound,
+                       official_float32_iterate,
                        pinv_accuracy, relative_deviation)
 from .profiling import NO_KERNEL_OPS, LaunchCounter
 
@@ -14,7 +15,7 @@ __all__ = [
     'FIDELITY_IMAGES', 'GRADIENT_TOL', 'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES',
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
-    'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
+    'inference_only', 'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
     'output_deviations',
     'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'reference_relu_inputs',
     'relative_deviation', 'relu_flips'

@@ -15,7 +15,7 @@ from ..models.attention import PLANS, gaussian_kernel, newton_alpha, newton_pinv
 
 __all__ = [
     'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
-    'hard_landmarks', 'hard_problem', 'kernel_bound', 'official_float32_iterate',
+    'hard_landmarks', 'hard_problem', 'inference_only', 'kernel_bound', 'official_float32_iterate',
     'pinv_accuracy', 'relative_deviation'
 ]
 
@@ -43,9 +43,18 @@ PINV_PATHS = {
     'iterative, thin': dict(method='iterative', thin_steps=20),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
     'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),
+    'spectral, tridiagonal': dict(method='spectral', eigh_dtype='mixed',
+                                  spectral_inference='tridiagonal'),
 }
-PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'tf32', 'tf32, padded to 8',
+PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'spectral, tridiagonal',
+              'tf32', 'tf32, padded to 8',
               "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin", 'tf32x3')
+
+
+def inference_only(kwargs):
+    """Whether a path's options (``PINV_PATHS``) differ from another's only without
+    gradients: thin steps, the tridiagonal application."""
+    return bool(kwargs.get('thin_steps')) or kwargs.get('spectral_inference') == 'tridiagonal'
 
 
 def kernel_bound(floor):
@@ -136,14 +145,15 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
         per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
-        path with gradients; none for paths with thin steps, which form the iterate
-        there), each the deviation (inf where not finite).
+        path with gradients; none for inference-only options, thin steps and the
+        tridiagonal application, whose paths train as the others), each the deviation
+        (inf where not finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))
     for name in paths:
         kwargs = PINV_PATHS[name]
-        for grad in ((False, ) if kwargs.get('thin_steps') else (False, True)):
+        for grad in ((False, ) if inference_only(kwargs) else (False, True)):
             with torch.set_grad_enabled(grad):
                 W = newton_pinv_apply(A.to(device, copy=True).requires_grad_(grad), Z.to(device),
                                       nonnegative=True, **kwargs).detach().cpu()

@@ -15,6 +15,10 @@ changes what is computed, only how (up to float rounding):
     thin_steps         without gradients, this many of the float32 steps that end
                        'iterative' and 'tf32' are applied to the thin matrix (one m×m
                        product each instead of two; at most 'tf32''s last float32 steps)
+    spectral_inference without gradients, how 'spectral' applies its filter: 'eigh'
+                       (eigenvectors) or 'tridiagonal' (A's tridiagonal form, about
+                       half an eigendecomposition; needs SciPy; its filter is the
+                       iterate's within 2.6e-7 at T = 20, not only up to rounding)
     kernel_chunk       row chunks of P = κ(Q, Q̃) of about this many elements, when P is
                        not formed whole (``soft.py``)
     kernel_once_up_to  without gradients P is formed whole up to this many elements
@@ -52,7 +56,7 @@ from types import MappingProxyType
 from typing import Optional, Tuple
 
 from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FLOAT32_STEPS,
-                     check_pinv_options, check_thin_steps)
+                     check_pinv_options, check_spectral_inference, check_thin_steps)
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
@@ -79,6 +83,7 @@ class AttentionPlan:
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
         thin_steps (int): float32 steps applied to the thin matrix without gradients.
+        spectral_inference (str): 'eigh' or 'tridiagonal'.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
@@ -90,6 +95,7 @@ class AttentionPlan:
     tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
     pinv_pad: int = 1
     thin_steps: int = 0
+    spectral_inference: str = 'eigh'
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     local_conv_layout: str = 'images'
@@ -114,6 +120,7 @@ class AttentionPlan:
         if self.thin_steps > self.tf32_float32_steps[1]:  # after a formed float32 step
             raise ValueError(f"thin_steps: at most 'tf32''s last float32 steps "
                              f'({self.tf32_float32_steps[1]}), got {self.thin_steps}')
+        check_spectral_inference(self.spectral_inference)
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         once = self.kernel_once_up_to
@@ -231,6 +238,13 @@ class AttentionPlan:
 #   7.2e-6, 640×640 4.2e-6 / 3.3e-6, 800×1344 3.8e-6 / 3.9e-6 on three images;
 #   docs/en/notes/numerics.md). The device report's fp32, fidelity and fidelity-640
 #   steps measure it on CUDA.
+#
+# spectral_inference: 'eigh' everywhere. 'tridiagonal' (``newton._tridiagonal_apply``)
+#   is more accurate on SOFT-S's kernels at 800×1344 (3e-6-4e-5 from the float64 iterate
+#   against 'mixed' eigh's 8e-6-2.2e-4) and keeps the hard-kernel bound, but its speed
+#   on the CPU is not decided: one SOFT-S forward at 800×1344 (2-core AVX2, random
+#   weights) took 10.0-10.9 s against 10.7-12.0 s with eigh in one A/B run and
+#   11.6-13.7 s against 12.3-16.4 s in another (docs/en/notes/per_device_plans.md).
 #
 # kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
 #   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)

@@ -257,6 +257,7 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         else:
             W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
                                   thin_steps=plan.thin_steps_for(method, iters),
+                                  spectral_inference=plan.spectral_inference,
                                   **plan.pinv_options())
         if normalize:
             W = d_inv_sqrt * W
