@@ -427,6 +427,20 @@ def _perron_pair(A, A64, steps=PERRON_STEPS):
     return mu, x.transpose(-1, -2), residual
 
 
+def _perron_split(a, nonnegative):
+    """One float32 kernel a (m, m) in float64, with its Perron pair split off where the
+    pair has converged (residual ≤ u·μ/16, u = 2^-24): (A or A - μ·x·xᵀ in float64, α
+    (1, 1) from the kernel's float64 copy while it is in cache, μ, x, split)."""
+    u = torch.finfo(torch.float32).eps / 2
+    a64 = a.double()
+    alpha = newton_alpha(a64, nonnegative=nonnegative)  # (1, 1), float64
+    mu, x, residual = _perron_pair(a, a64)
+    split = residual.item() <= u * mu.item() / 16
+    if split:
+        a64.addmm_(x, x.T, alpha=-mu.item())  # A - μ·x·xᵀ, in float64
+    return a64, alpha, mu, x, split
+
+
 def _mixed_spectral_factors(A, iters, nonnegative=False):
     """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of a float32 symmetric A (..., m, m),
     from a float32 eigendecomposition where that is accurate enough, a float64 one
@@ -478,13 +492,8 @@ def _mixed_factors_into(a, Ut, lam, v, iters, nonnegative):
     anyway: from the whole batch that cost the CPU's forward at 800×1344 0.35 s)."""
     u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
     m = a.shape[-1]
-    a64 = a.double()
-    alpha = newton_alpha(a64, nonnegative=nonnegative)  # (1, 1), float64
-    mu, x, residual = _perron_pair(a, a64)
-    split = residual.item() <= u * mu.item() / 16
-    if split:
-        a64.addmm_(x, x.T, alpha=-mu.item())  # A - μ·x·xᵀ, in float64
-    else:
+    a64, alpha, mu, x, split = _perron_split(a, nonnegative)
+    if not split:
         mu = torch.zeros_like(mu)
     # Uᵀ[:m]ᵀ is column-major, eigh's own layout: it decomposes into it in place
     torch.linalg.eigh(a64.float(), out=(lam, Ut[:m].mT))
@@ -563,12 +572,7 @@ def _tridiagonal_apply_one(a, z, iters, nonnegative):
     from scipy.linalg import lapack, solve_banded
     u = torch.finfo(torch.float32).eps / 2
     m = a.shape[-1]
-    a64 = a.double()
-    alpha = newton_alpha(a64, nonnegative=nonnegative)  # (1, 1), float64
-    mu, x, residual = _perron_pair(a, a64)
-    split = residual.item() <= u * mu.item() / 16
-    if split:
-        a64.addmm_(x, x.T, alpha=-mu.item())  # A - μ·x·xᵀ, in float64
+    a64, alpha, mu, x, split = _perron_split(a, nonnegative)
     # symmetric: the row-major matrix is its own column-major transpose
     lwork = int(lapack.ssytrd_lwork(m, lower=1)[0])
     refl, d, e, tau, info = lapack.ssytrd(a64.float().numpy().T, lower=1, lwork=lwork,
