@@ -121,6 +121,9 @@ def path_plan(name, device):
       iterative               the formed float32 iterate
       spectral64, spectral32  one eigendecomposition in float64 / float32
       spectral-mixed          float32 where a first-order bound allows it, else float64
+                              (eigenvectors also without gradients)
+      spectral-tridiagonal    'spectral-mixed' applied without gradients through the
+                              kernel's tridiagonal form (needs SciPy)
       tf32-F-L[-padN][-thinK] TF32 products between F float32 steps first and L last,
                               with m zero-padded to a multiple of N; without gradients
                               the last K float32 steps applied to the thin matrix
@@ -134,9 +137,14 @@ def path_plan(name, device):
         'cuda': PLANS['cuda'],
         'official': replace(base, order='official'),
         'iterative': replace(base, pinv='iterative'),
-        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64'),
-        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32'),
-        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed'),
+        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64',
+                              spectral_inference='eigh'),
+        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32',
+                              spectral_inference='eigh'),
+        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed',
+                                  spectral_inference='eigh'),
+        'spectral-tridiagonal': replace(base, pinv='spectral', eigh_dtype='mixed',
+                                        spectral_inference='tridiagonal'),
         'tf32x3': replace(base, pinv='tf32x3'),
     }
     if name in fixed:

@@ -17,6 +17,8 @@ other side than in float64 moves the whole gradient through it, in float32 too
   iterative               the formed float32 iterate
   spectral64, spectral32  one eigendecomposition in float64 / float32
   spectral-mixed          float32 where a first-order bound allows it, else float64
+  spectral-tridiagonal    'spectral-mixed' without eigenvectors in inference: the
+                          kernel's tridiagonal form (needs SciPy)
   tf32-F-L                TF32 products between F float32 steps first and L last, e.g.
                           tf32-1-2; tf32-F-L-padN: with m zero-padded to a multiple of N;
                           ...-thinK: the last K float32 steps applied to the thin matrix

@@ -837,7 +837,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         spectral_inference (str): without gradients, how 'spectral' applies its filter to
             a float32 A: 'eigh' (A's eigenvectors, ``eigh_dtype``) or 'tridiagonal'
             (A's tridiagonal form, ``_tridiagonal_apply``; needs SciPy, and T ≥
-            ``TRIDIAGONAL_MIN_ITERS``: below, 'eigh'). With gradients, 'eigh'.
+            ``TRIDIAGONAL_MIN_ITERS``: below, 'eigh'). With gradients, off the CPU, and
+            while compiling or tracing (SciPy runs eagerly on CPU tensors), 'eigh'.
     Returns:
         Tensor: (..., m, n)
     """
@@ -847,7 +848,9 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
     if (spectral_inference == 'tridiagonal' and method == 'spectral' and not grad
-            and A.dtype == torch.float32 and iters >= TRIDIAGONAL_MIN_ITERS):
+            and A.dtype == torch.float32 and A.device.type == 'cpu'
+            and iters >= TRIDIAGONAL_MIN_ITERS
+            and not (is_compiling() or torch.jit.is_tracing())):  # SciPy: eager, CPU
         return _tridiagonal_apply(A, Z.to(A.dtype), iters, nonnegative).to(Z.dtype)
     if thin_steps and not grad:
         return _apply_thin(A, Z, iters, method, nonnegative, options, thin_steps)

@@ -49,6 +49,7 @@ the thread that forces it only: another thread (a data loader, a second model) k
 plans in force there. It is safe under ``torch.compile``: Dynamo guards on the plan a
 layer read and recompiles for another one.
 """
+import importlib.util
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
@@ -239,12 +240,20 @@ class AttentionPlan:
 #   docs/en/notes/numerics.md). The device report's fp32, fidelity and fidelity-640
 #   steps measure it on CUDA.
 #
-# spectral_inference: 'eigh' everywhere. 'tridiagonal' (``newton._tridiagonal_apply``)
-#   is more accurate on SOFT-S's kernels at 800×1344 (3e-6-4e-5 from the float64 iterate
-#   against 'mixed' eigh's 8e-6-2.2e-4) and keeps the hard-kernel bound, but its speed
-#   on the CPU is not decided: one SOFT-S forward at 800×1344 (2-core AVX2, random
-#   weights) took 10.0-10.9 s against 10.7-12.0 s with eigh in one A/B run and
-#   11.6-13.7 s against 12.3-16.4 s in another (docs/en/notes/per_device_plans.md).
+# spectral_inference: 'tridiagonal' on the CPU where SciPy is installed ('eigh' without
+#   it; no other plan runs 'spectral'). `benchmark.py --sections speed --models SOFT-S
+#   Swin-T --sizes 800x1344 --soft-plans spectral-mixed spectral-tridiagonal --repeat 1
+#   --rounds 4 --skip-official` (2-core AVX2, medians of 4 interleaved rounds): SOFT-S
+#   13.27 s with 'tridiagonal' against 14.15 s and 14.19 s with eigh (the plan then,
+#   and 'spectral-mixed'), Swin-T 2.75 s: 4.83× instead of 5.15×. Timers in one forward:
+#   the 84 kernels 6.2-6.8 s against 7.0-8.5 s (ssytrd 3.2-3.5 s, the two Householder
+#   applications 0.95 s, the solves 0.8 s, the Perron split 0.85 s). The floor
+#   (`tools/analysis_tools/fidelity.py --size 640x640 --paths spectral-mixed
+#   spectral-tridiagonal`, 7 images; `--size 800x1344 --images astronaut page blank`),
+#   worst map eigh / tridiagonal: 640×640 2.4e-6-3.3e-6 / 2.3e-6-3.3e-6, 800×1344
+#   3.2e-6-3.9e-6 / 2.6e-6-4.5e-6. On SOFT-S's kernels at 800×1344 the iterate itself
+#   is closer to float64 (3e-6-4e-5 against eigh's 8e-6-2.2e-4); the hard-kernel bound
+#   holds (tests/models/attention/test_attention.py).
 #
 # kernel_chunk, kernel_once_up_to: `--sections kernel --sizes 512x512 640x640 800x1344
 #   --rounds 3 --train-batch 1` (SOFT-S's stages 1-3)
@@ -270,10 +279,12 @@ class AttentionPlan:
 #   'images' faster in 11 of the 12 cases (800×1344 stage 1: forward 0.3 ms vs 1.5 ms,
 #   training step at batch 2 3.5 ms vs 7.6 ms); 'channels' only in stage 2's training
 #   step at 800×1344 (0.7 vs 0.9 ms).
+# 'tridiagonal' needs SciPy (MMDetection and MMSegmentation require it; MMPretrain not)
+_CPU_SPECTRAL_INFERENCE = 'tridiagonal' if importlib.util.find_spec('scipy') else 'eigh'
 _PLANS = {
     'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')), eigh_dtype='mixed',
-                         kernel_chunk=2**20, kernel_once_up_to=2**24,
-                         local_conv_layout='channels'),
+                         spectral_inference=_CPU_SPECTRAL_INFERENCE, kernel_chunk=2**20,
+                         kernel_once_up_to=2**24, local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32')),
                           tf32_float32_steps=(1, 4), pinv_pad=32, kernel_chunk=2**24,
                           kernel_once_up_to=None, local_conv_layout='images'),

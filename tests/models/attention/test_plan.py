@@ -150,8 +150,8 @@ def test_a_plan_is_data():
 
 def test_the_iterates_options_come_from_the_plan(monkeypatch):
     """soft_attention passes the plan's options of the iterate (its eigendecomposition's
-    dtype, 'tf32''s float32 steps, the padding) down to newton_pinv_apply, whose own
-    defaults read no plan."""
+    dtype, 'tf32''s float32 steps, the padding, how 'spectral' applies its filter) down to
+    newton_pinv_apply, whose own defaults read no plan."""
     from mmsoft.models.attention import newton, newton_pinv_apply
     from mmsoft.models.attention import soft as soft_mod
     from mmsoft.testing import hard_problem
@@ -165,11 +165,12 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
-                        eigh_dtype='float32', thin_steps=2):
+                        eigh_dtype='float32', thin_steps=2, spectral_inference='eigh'):
         soft_attention(q, lm, v)
         soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
         soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
-    options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8)
+    options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8,
+                   spectral_inference='eigh')
     assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
                     dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32

@@ -28,9 +28,13 @@ M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
 PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
          'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1)}
 # and for the maps, CUDA's plan with its last float32 steps applied to the thin matrix
-# (the candidate ``thin_steps``; with gradients the iterate is formed, as in 'cuda')
-MAP_PATHS = dict(PATHS, **{'cuda, last float32 steps thin': replace(
-    PLANS['cuda'], thin_steps=PLANS['cuda'].tf32_float32_steps[1])})
+# (the candidate ``thin_steps``; with gradients the iterate is formed, as in 'cuda'), and
+# the CPU's plan where SciPy is missing (eigenvectors in inference too; with gradients
+# both are 'eigh')
+MAP_PATHS = dict(PATHS, **{
+    'cuda, last float32 steps thin': replace(
+        PLANS['cuda'], thin_steps=PLANS['cuda'].tf32_float32_steps[1]),
+    'cpu without SciPy': replace(PLANS['cpu'], spectral_inference='eigh')})
 
 
 @pytest.fixture(scope='module')
@@ -61,7 +65,10 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
 # file's models and images (all on the cat photo): the CPU's plan 6.1e-6, CUDA's ('tf32'
 # 1 + 15 + 4, emulated) 6.4e-6, CUDA's with the float32 iterate 6.6e-6 (the floor is
 # 1e-5: ≥ 1.5× margin); 20 TF32 steps 1.1e-4 on the text page. CUDA's with its last
-# float32 steps thin 7.2e-6 (2 threads, AVX2, where CUDA's formed was 6.6e-6). On CUDA
+# float32 steps thin 7.2e-6 (2 threads, AVX2, where CUDA's formed was 6.6e-6). The CPU's
+# plan with the tridiagonal application 6.6e-6, without it (eigenvectors) 6.1e-6 (AVX2;
+# `tools/analysis_tools/fidelity.py --size 384x640 --paths spectral-mixed
+# spectral-tridiagonal`). On CUDA
 # itself at 384×640 CUDA's plan is within 4.0e-6; at 640×640 and 800×1344:
 # docs/en/notes/numerics.md.
 @pytest.mark.parametrize('path', MAP_PATHS)
