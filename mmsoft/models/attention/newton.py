@@ -588,8 +588,8 @@ def _tridiagonal_apply_one(a, z, iters, nonnegative):
     # v is unimodal on λ ≥ 0, largest at sλ² ≈ 1.26: an eigenvalue with 0.5 ≤ sλ² ≤ 3
     # (Sturm counts) has v ≥ 0.55·√s; else one lies in [max(d), ||T||∞]
     window = [(0.5 / s)**0.5, (3 / s)**0.5]
-    if _eigenvalues_below(d.tolist(), e.tolist(), window[1]) == _eigenvalues_below(
-            d.tolist(), e.tolist(), window[0]):
+    dl, el = d.tolist(), e.tolist()
+    if _eigenvalues_below(dl, el, window[1]) == _eigenvalues_below(dl, el, window[0]):
         window = [d.max().item(), norm]
     ends = _spectral_filter(torch.tensor(window, dtype=torch.float64), alpha, iters)
     v_mu = _spectral_filter(mu[0], alpha, iters).item() if split else 0.0
