@@ -557,13 +557,42 @@ def _tridiagonal_apply(A, Z, iters, nonnegative):
     """
     m, n = A.shape[-1], Z.shape[-1]
     out = torch.empty(*Z.shape, dtype=Z.dtype)
-    for a, z, o in zip(A.reshape(-1, m, m), Z.reshape(-1, m, n), out.view(-1, m, n)):
-        w = _tridiagonal_apply_one(a, z, iters, nonnegative)
-        if w is None:
-            w = _NewtonInverse('spectral', *_mixed_spectral_factors(
-                a[None], iters, nonnegative)).apply(z[None])[0]
-        o.copy_(w)
+    with _one_blas_thread():
+        for a, z, o in zip(A.reshape(-1, m, m), Z.reshape(-1, m, n), out.view(-1, m, n)):
+            w = _tridiagonal_apply_one(a, z, iters, nonnegative)
+            if w is None:
+                w = _NewtonInverse('spectral', *_mixed_spectral_factors(
+                    a[None], iters, nonnegative)).apply(z[None])[0]
+            o.copy_(w)
     return out
+
+
+def _one_blas_thread():
+    """A context in which OpenBLAS (SciPy's LAPACK) runs on the calling thread, where
+    threadpoolctl (≥ 3.5, which finds SciPy's own OpenBLAS) is installed; else no change.
+
+    OpenBLAS keeps worker threads of its own beside torch's OpenMP threads, and they
+    spin for a while after each call. On a 2-core machine the workers that ``ssytrd``
+    left spinning took a core from the torch operators between the calls (the Perron
+    split and ``ormqr`` ran 1.4-2× slower), and the torch threads still spinning slowed
+    ``ssytrd``; on the calling thread it starts no worker. SOFT-S's 84 kernels at
+    800×1344 then took 5.4-7.4 s of a forward instead of 6.8-8.4 s
+    (docs/en/notes/per_device_plans.md). Other BLAS libraries (MKL, which torch may
+    use) are left as they are."""
+    controller = _openblas_controller()
+    return nullcontext() if controller is None else controller.limit(limits=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _openblas_controller():
+    """threadpoolctl's controller of the OpenBLAS libraries loaded once SciPy's LAPACK
+    is (made once: finding them takes ~1.5 ms), or None without threadpoolctl."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, for threadpoolctl to find)
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController().select(internal_api='openblas')
 
 
 def _tridiagonal_apply_one(a, z, iters, nonnegative):

@@ -245,13 +245,17 @@ class AttentionPlan:
 #   Swin-T --sizes 800x1344 --soft-plans spectral-mixed spectral-tridiagonal --repeat 1
 #   --rounds 4 --skip-official` (2-core AVX2, medians of 4 interleaved rounds): SOFT-S
 #   13.27 s with 'tridiagonal' against 14.15 s and 14.19 s with eigh (the plan then,
-#   and 'spectral-mixed'), Swin-T 2.75 s: 4.83× instead of 5.15×. Timers in one forward:
+#   and 'spectral-mixed'), Swin-T 2.75 s: 4.83× instead of 5.15×; then with SciPy's
+#   LAPACK on the calling thread (newton._one_blas_thread), two runs: SOFT-S 12.34 s
+#   and 11.18 s, Swin-T 2.69 s and 2.75 s (4.59× and 4.07×; eigh 5.23× and 4.74×).
+#   Timers in one forward, before that change:
 #   the 84 kernels 6.2-6.8 s against 7.0-8.5 s (ssytrd 3.2-3.5 s, the two Householder
 #   applications 0.95 s, the solves 0.8 s, the Perron split 0.85 s). The floor
 #   (`tools/analysis_tools/fidelity.py --size 640x640 --paths spectral-mixed
 #   spectral-tridiagonal`, 7 images; `--size 800x1344 --images astronaut page blank`),
 #   worst map eigh / tridiagonal: 640×640 2.4e-6-3.3e-6 / 2.3e-6-3.3e-6, 800×1344
-#   3.2e-6-3.9e-6 / 2.6e-6-4.5e-6. On SOFT-S's kernels at 800×1344 the iterate itself
+#   3.2e-6-3.9e-6 / 2.6e-6-4.5e-6; with LAPACK on one thread 640×640 2.4e-6-3.7e-6,
+#   800×1344 2.9e-6-4.5e-6. On SOFT-S's kernels at 800×1344 the iterate itself
 #   is closer to float64 (3e-6-4e-5 against eigh's 8e-6-2.2e-4); the hard-kernel bound
 #   holds (tests/models/attention/test_attention.py).
 #

@@ -713,6 +713,37 @@ def test_tridiagonal_application_trains_through_eigh():
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
 
 
+def test_tridiagonal_application_runs_lapack_on_the_calling_thread(monkeypatch):
+    """OpenBLAS runs SciPy's ``ssytrd`` with one thread (its workers would spin beside
+    torch's threads after each call) and has its own thread count back afterwards."""
+    pytest.importorskip('scipy')
+    threadpoolctl = pytest.importorskip('threadpoolctl')
+    from scipy.linalg import lapack
+
+    def openblas_threads():
+        return [lib['num_threads'] for lib in threadpoolctl.threadpool_info()
+                if lib['internal_api'] == 'openblas']
+
+    if not openblas_threads():
+        pytest.skip("SciPy's LAPACK is not OpenBLAS here")
+    seen, ssytrd = [], lapack.ssytrd
+
+    def spy(*args, **kwargs):
+        seen.append(openblas_threads())
+        return ssytrd(*args, **kwargs)
+
+    monkeypatch.setattr(lapack, 'ssytrd', spy)
+    torch.manual_seed(0)
+    A = gaussian_kernel(*[torch.randn(64, 16) * 0.35] * 2)
+    with threadpoolctl.threadpool_limits(2, user_api='blas'), torch.no_grad():
+        before = openblas_threads()
+        newton_pinv_apply(A, torch.randn(64, 8), 20, 'spectral', True, eigh_dtype='mixed',
+                          spectral_inference='tridiagonal')
+        after = openblas_threads()
+    assert set(before) == {2} and after == before
+    assert seen and all(set(threads) == {1} for threads in seen)
+
+
 def test_spectral_inference_is_checked():
     with pytest.raises(ValueError, match='spectral_inference must be one of'):
         newton_pinv_apply(torch.eye(4), torch.ones(4, 1), spectral_inference='lanczos')
