@@ -246,8 +246,9 @@ class AttentionPlan:
 #   --rounds 4 --skip-official` (2-core AVX2, medians of 4 interleaved rounds): SOFT-S
 #   13.27 s with 'tridiagonal' against 14.15 s and 14.19 s with eigh (the plan then,
 #   and 'spectral-mixed'), Swin-T 2.75 s: 4.83× instead of 5.15×; then with SciPy's
-#   LAPACK on the calling thread (newton._one_blas_thread), two runs: SOFT-S 12.34 s
-#   and 11.18 s, Swin-T 2.69 s and 2.75 s (4.59× and 4.07×; eigh 5.23× and 4.74×).
+#   LAPACK on the calling thread (newton._one_blas_thread), three runs: SOFT-S 12.34,
+#   11.18 and 10.53 s, Swin-T 2.69, 2.75 and 2.89 s (4.59×, 4.07×, 3.64×; eigh 5.23×,
+#   4.74×, 4.42×).
 #   Timers in one forward, before that change:
 #   the 84 kernels 6.2-6.8 s against 7.0-8.5 s (ssytrd 3.2-3.5 s, the two Householder
 #   applications 0.95 s, the solves 0.8 s, the Perron split 0.85 s). The floor
