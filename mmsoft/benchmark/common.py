@@ -136,7 +136,7 @@ def path_plan(name, device):
         'cpu': PLANS['cpu'],
         'cuda': PLANS['cuda'],
         'official': replace(base, order='official'),
-        'iterative': replace(base, pinv='iterative'),
+        'iterative': replace(base, pinv='iterative', thin_steps=0),
         'spectral64': replace(base, pinv='spectral', eigh_dtype='float64',
                               spectral_inference='eigh'),
         'spectral32': replace(base, pinv='spectral', eigh_dtype='float32',

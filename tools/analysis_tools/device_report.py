@@ -8,11 +8,11 @@ runs. The steps, by part (one call of a lent GPU machine each):
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
-                 (docs/en/notes/numerics.md); also CUDA's plan with its last float32
-                 steps applied to the thin matrix (THIN)
+                 (docs/en/notes/numerics.md); also CUDA's plan with every step formed
+                 in inference too (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate
-                 and THIN (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this
-                 GPU, and what the thin steps would
+                 and FORMED (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this
+                 GPU, and what its thin steps in inference gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
@@ -80,15 +80,16 @@ FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
 
 # 'tf32' schedules (float32 steps first, last) the pinv and fidelity steps compare.
 TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
-# CUDA's plan with its last float32 steps applied to the thin matrix in inference: the
-# candidate the floor (fidelity, fidelity-640) and the speed (fp32) are measured for
-THIN = 'tf32-1-4-pad32-thin4'
+# CUDA's plan with every step formed in inference too (its default applies the last 4
+# float32 steps to the thin matrix there): what the floor (fidelity, fidelity-640) and
+# the speed (fp32) of the default are compared with
+FORMED = 'tf32-1-4-pad32'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', THIN])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), and THIN
-SPEED_PATHS = ('iterative', THIN)
+# default), and FORMED
+SPEED_PATHS = ('iterative', FORMED)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -96,7 +97,7 @@ STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
-                                          'iterative', 'default', THIN],
+                                          'iterative', 'default', FORMED],
                      "the floor at 640x640, where a tie in α's choice moved the cat "
                      "photo's maps on CUDA (docs/en/notes/numerics.md)"),
     'fp32': ('base', 'benchmark', ['--sections', 'speed,train', '--soft-plans', *SPEED_PATHS],

@@ -132,7 +132,8 @@ def check_thin_steps(thin_steps, method, tf32_float32_steps, iters=None):
     if method == 'tf32' and thin_steps > tf32_float32_steps[1]:
         raise ValueError(f"thin_steps: 'tf32' ends with {tf32_float32_steps[1]} float32 "
                          f'steps (tf32_float32_steps={tuple(tf32_float32_steps)}), got '
-                         f'{thin_steps}')
+                         f'{thin_steps} (a plan with fewer last steps needs thin_steps lowered '
+                         f'with them)')
     if iters is not None and thin_steps > iters:
         raise ValueError(f'thin_steps: the iteration has {iters} steps, got {thin_steps}')
     return thin_steps

@@ -116,11 +116,11 @@ class AttentionPlan:
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
             self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad,
             pad_name='pinv_pad')['tf32_float32_steps'])
-        for _, method in pinv:  # the layer's iteration count is checked when it runs
-            check_thin_steps(self.thin_steps, method, self.tf32_float32_steps)
-        if self.thin_steps > self.tf32_float32_steps[1]:  # after a formed float32 step
-            raise ValueError(f"thin_steps: at most 'tf32''s last float32 steps "
-                             f'({self.tf32_float32_steps[1]}), got {self.thin_steps}')
+        # thin_steps holds for the methods that end in float32 steps, whether the table
+        # or a layer's pinv_method names them (the others take none: ``thin_steps_for``),
+        # at most 'tf32''s last ones, after a formed float32 step; the layer's iteration
+        # count is checked when it runs
+        check_thin_steps(self.thin_steps, 'tf32', self.tf32_float32_steps)
         check_spectral_inference(self.spectral_inference)
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
@@ -186,9 +186,10 @@ class AttentionPlan:
 #   - The floor on CUDA (tools/analysis_tools/fidelity.py --device cuda, 7 images, real
 #     TF32): 1+15+4 steps padded keeps it at 384×640 (worst map 4.0e-6), 640×640 (2.5e-6;
 #     on chelsea every path of the thin order missed, the float32 iterate too, 5.1e-5:
-#     α's choice at a tie, decided in float64 since, not re-measured on CUDA; see
-#     docs/en/notes/numerics.md) and 800×1344 (1+15+4 unpadded 8.8e-6, the float32
-#     iterate 8.2e-6), gradients within their bound; 1+17+2 misses at 384×640 (1.3e-5)
+#     α's choice at a tie, decided in float64 since: on an H100 2.9e-6-3.1e-6 there,
+#     docs/benchmark/cuda_h100_2026-11-27/; docs/en/notes/numerics.md) and 800×1344
+#     (1+15+4 unpadded 8.8e-6, the float32 iterate 8.2e-6), gradients within their
+#     bound; 1+17+2 misses at 384×640 (1.3e-5)
 #     and 640×640 (1.8e-5; gradients 3.3e-2). Hard kernels on CUDA: every schedule
 #     from 1+18+1 within half the bound.
 #   - SOFT-S at 800×1344 against Swin-T in one run (`--sections speed,train --models
@@ -229,16 +230,24 @@ class AttentionPlan:
 # pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
 #   the iterate of the padded block is the same), 1 elsewhere.
 #
-# thin_steps: 0 everywhere, until timed on a GPU. The candidate is CUDA's: its 4 last
-#   float32 steps applied to the thin matrix in inference, 6 float32 m×m products per
-#   layer instead of 10 (the H200's profile above: a float32 product cost ~5 TF32 ones).
-#   TF32 emulated on the CPU it keeps the hard-kernel bound (within 1.5× of the formed
-#   schedule where its last float32 steps matter; tests/models/attention/
-#   test_attention.py) and the output floor (`tools/analysis_tools/fidelity.py --size S
-#   --paths cuda tf32-1-4-pad32-thin4`, worst map, formed / thin: 384×640 6.6e-6 /
-#   7.2e-6, 640×640 4.2e-6 / 3.3e-6, 800×1344 3.8e-6 / 3.9e-6 on three images;
-#   docs/en/notes/numerics.md). The device report's fp32, fidelity and fidelity-640
-#   steps measure it on CUDA.
+# thin_steps: CUDA's 4 last float32 steps applied to the thin matrix in inference: 6
+#   float32 m×m products per layer instead of 10 (they run on CUDA cores, ~4.5 TF32
+#   products' time each). 0 elsewhere (not timed: the CPU's large kernels run
+#   'spectral', other devices the formed float32 iterate).
+# - cuda (H100, docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's forward at
+#   800×1344, `benchmark.py --device cuda --sections speed --models SOFT-S Swin-T
+#   --sizes 512x512 800x1344 --rounds 5 --skip-official --soft-plans tf32-1-4-pad32`:
+#   96.5 ms against 115.0 ms formed (Swin-T 12.1 ms: 7.95× instead of 9.47×); at
+#   512×512 28.6 against 30.1 ms. The profile at 800×1344: the float32 m×m products
+#   29.4 ms in 66 launches against 49.1 ms in 110; the TF32 ones 32.7 ms either way.
+#   Training forms the iterate (362 ms either way). The floor on CUDA
+#   (`tools/analysis_tools/fidelity.py --device cuda --size S --paths official default
+#   tf32-1-4-pad32`, 7 images, worst map; and the device report's fidelity step):
+#   384×640 4.3e-6 (formed 4.3e-6, the official order 4.3e-6), 640×640 4.1e-6 (4.0e-6,
+#   4.3e-6), 800×1344 7.0e-6 (formed 8.7e-6; bound on the astronaut 1.6e-5, twice the
+#   float32 official order's). TF32 emulated on the CPU it keeps the hard-kernel bound
+#   (within 1.5× of the formed schedule where its last float32 steps matter;
+#   tests/models/attention/test_attention.py).
 #
 # spectral_inference: 'tridiagonal' on the CPU where SciPy is installed ('eigh' without
 #   it; no other plan runs 'spectral'). `benchmark.py --sections speed --models SOFT-S
@@ -291,8 +300,9 @@ _PLANS = {
                          spectral_inference=_CPU_SPECTRAL_INFERENCE, kernel_chunk=2**20,
                          kernel_once_up_to=2**24, local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32')),
-                          tf32_float32_steps=(1, 4), pinv_pad=32, kernel_chunk=2**24,
-                          kernel_once_up_to=None, local_conv_layout='images'),
+                          tf32_float32_steps=(1, 4), pinv_pad=32, thin_steps=4,
+                          kernel_chunk=2**24, kernel_once_up_to=None,
+                          local_conv_layout='images'),
 }
 PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.1's
 # Dynamo cannot trace a mappingproxy's get)
@@ -300,7 +310,7 @@ PLANS = MappingProxyType(_PLANS)  # read-only; plan_for reads the dict (torch 2.
 # with CUDA's other choices: it needs no eigendecomposition, which not every backend has,
 # and no TF32 products, which only CUDA runs natively (elsewhere they are emulated).
 DEFAULT_PLAN = replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
-                       tf32_float32_steps=TF32_FLOAT32_STEPS)
+                       tf32_float32_steps=TF32_FLOAT32_STEPS, thin_steps=0)
 
 
 class _Forced(threading.local):

@@ -52,6 +52,21 @@ def test_forced_choices_nest_and_are_restored():
     assert plan_for('cpu').order == 'thin'
 
 
+def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
+    """CUDA's plan applies its last float32 steps to the thin matrix in inference. Forcing
+    'spectral' or 'tf32x3' on every device type (the module docstring's example) keeps
+    that choice for layers whose ``pinv_method`` ends in float32 steps, and applies none
+    to the forced method."""
+    cuda = PLANS['cuda']
+    assert cuda.thin_steps > 0
+    for method in ('spectral', 'tf32x3'):
+        with attention_plan(pinv=method):
+            plan = plan_for('cuda')
+            assert plan.pinv_method(1050) == method
+            assert plan.thin_steps_for(method, 20) == 0
+            assert plan.thin_steps_for('tf32', 20) == cuda.thin_steps
+
+
 @pytest.mark.parametrize('choices, error', [
     (dict(chunk=4), TypeError),  # not a field
     (dict(local_conv_layout='bogus'), ValueError),
@@ -66,7 +81,8 @@ def test_forced_choices_nest_and_are_restored():
     (dict(pinv='tf32', thin_steps=-1), ValueError),
     (dict(pinv='tf32', tf32_float32_steps=(1, 4), thin_steps=5), ValueError),  # TF32 steps
     (dict(pinv='iterative', tf32_float32_steps=(1, 0), thin_steps=1), ValueError),
-    (dict(pinv='spectral', thin_steps=1), ValueError),  # no steps
+    # CUDA's plan applies 4 thin steps: a schedule with fewer last ones lowers them too
+    (dict(tf32_float32_steps=(1, 2)), ValueError),
 ])
 def test_bad_choices_are_refused(choices, error):
     with pytest.raises(error):
@@ -177,7 +193,7 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     # steps around the TF32 ones (the same operations, so the same bits) as outside it.
     A, Z = hard_problem('near_identity', 64, 0)[:2]
     plain = newton_pinv_apply(A, Z, method='tf32')
-    with attention_plan(tf32_float32_steps=(0, 0)):
+    with attention_plan(tf32_float32_steps=(0, 0), thin_steps=0):
         forced = newton_pinv_apply(A, Z, method='tf32')
     assert torch.equal(forced, plain)
     assert not torch.equal(plain, newton_pinv_apply(A, Z, method='tf32',

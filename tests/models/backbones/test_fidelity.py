@@ -26,14 +26,13 @@ M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
 # Each device type's plan, and CUDA's plan with the float32 iterate (its plan before TF32),
 # all run here on the CPU.
 PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
-         'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1)}
-# and for the maps, CUDA's plan with its last float32 steps applied to the thin matrix
-# (the candidate ``thin_steps``; with gradients the iterate is formed, as in 'cuda'), and
-# the CPU's plan where SciPy is missing (eigenvectors in inference too; with gradients
-# both are 'eigh')
+         'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
+                                          thin_steps=0)}
+# and for the maps the CPU's plan where SciPy is missing (eigenvectors in inference too;
+# with gradients both are 'eigh'). CUDA's plan applies its last float32 steps to the thin
+# matrix in inference (``thin_steps``): its maps are that path, its gradients the formed
+# iterate.
 MAP_PATHS = dict(PATHS, **{
-    'cuda, last float32 steps thin': replace(
-        PLANS['cuda'], thin_steps=PLANS['cuda'].tf32_float32_steps[1]),
     'cpu without SciPy': replace(PLANS['cpu'], spectral_inference='eigh')})
 
 
@@ -103,7 +102,7 @@ def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
     """The output test can fail: 'tf32' with all 20 steps in TF32 (no float32 steps)
     misses the floor on the text page (1.1e-4, emulated by rounding to nearest)."""
     from dataclasses import replace
-    plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(0, 0))
+    plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(0, 0), thin_steps=0)
     x, refs, bounds = references['page']
     devs = output_deviations(model, x, refs, plan, device_type='cpu')
     assert any(d > b for d, b in zip(devs, bounds)), (devs, bounds)

@@ -137,7 +137,7 @@ def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch, force_plan
         return list(errors)
 
     assert max(layer_errors()) < TF32_LAYER_TOL
-    force_plan(tf32_float32_steps=(0, 0))
+    force_plan(tf32_float32_steps=(0, 0), thin_steps=0)
     assert min(layer_errors()) > TF32_LAYER_TOL
 
 
