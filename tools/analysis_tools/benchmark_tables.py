@@ -3,7 +3,7 @@
 The numeric tables of docs/en/benchmarks.md and the time and memory cells of README.md's
 "At a glance" table are rendered from the JSON files that
 tools/analysis_tools/benchmark.py wrote with ``--json``, stored in docs/benchmark/ (CPU
-runs), docs/benchmark/cuda_h100/ and docs/benchmark/cuda_h200/ (the GPUs' device
+runs), docs/benchmark/cuda_h100/, cuda_h100_2026-11-27/ and cuda_h200/ (the GPUs' device
 reports). Each generated region of
 the Markdown sits between two HTML comments,
 
@@ -67,6 +67,7 @@ SOURCES = {
     'h100-compile': ('cuda_h100/compile-default-800x1344.json', 'H100 compile'),
     'h200-default': ('cuda_h200/default.json', 'H200 default'),
     'h200-fp32': ('cuda_h200/fp32.json', 'H200 fp32'),
+    'h100-thin': ('cuda_h100_2026-11-27/fp32.json', 'H100 fp32 (2026-11-27)'),
 }
 # The H100's runs (and the H200's fp32 run) measured SOFT-S's 'auto' when CUDA's plan was
 # the float32 iterate: their 'auto' rows are labelled so (``SOURCE_LABELS``), and they
@@ -78,6 +79,15 @@ SOURCE_LABELS['h200-fp32']['SOFT-S [tf32]'] = ("SOFT-S `pinv_method='tf32'`, 1 +
                                               'steps, m not padded')
 SOURCE_LABELS['h200-fp32']['SOFT-S [cuda graphs]'] = ('SOFT-S `cuda_graphs=True`, then the '
                                                      'float32 iterate')
+# The H200's default run and the H100's 2026-11-27 run measured CUDA's plan with every
+# step formed, before its inference applied the last 4 float32 steps thin: its 'auto'
+# rows say so (the training step forms them still).
+FORMED = "SOFT-S `'auto'`, every step formed (CUDA's default then; in training still)"
+SOURCE_LABELS['h200-default'] = {'SOFT-S [auto]': FORMED,
+                                 'SOFT-S [cuda graphs]': 'SOFT-S `cuda_graphs=True`, every '
+                                                         'step formed'}
+SOURCE_LABELS['h100-thin'] = dict(SOURCE_LABELS['h200-default'], **{
+    'SOFT-S [tf32]': "SOFT-S `pinv_method='tf32'` (CUDA's schedule at every m)"})
 STALE = {('H100', 'SOFT-S [auto]')}
 DEVICES = ('CPU', 'H100')
 # Where each quantity is read, per device: (source, section), the first that has the model.
@@ -116,8 +126,11 @@ LABELS = {
     'SOFT-S [spectral, float32 eigh]': "SOFT-S `'spectral'`, float32 eigh",
     'SOFT-S [official order]': 'SOFT-S official order',
     'SOFT-S [plan iterative]': "SOFT-S, the float32 iterate (`pinv_method='iterative'`)",
-    'SOFT-S [plan tf32-1-4-pad32]': "SOFT-S `'tf32'` 1 + 15 + 4 steps, m padded to ×32 "
-                                    "(CUDA's default)",
+    'SOFT-S [plan tf32-1-4-pad32]': "SOFT-S `'tf32'` 1 + 15 + 4 steps, m padded to ×32, "
+                                    'every step formed',
+    'SOFT-S [plan tf32-1-4-pad32-thin4]': ("SOFT-S `'tf32'` 1 + 15 + 4 steps, m padded to "
+                                           "×32, the last 4 thin in inference (CUDA's "
+                                           'default)'),
     'SOFT-S [plan tf32-1-2-pad32]': "SOFT-S `'tf32'` 1 + 17 + 2 steps, m padded to ×32",
     'SOFT-S [plan tf32-1-8-pad32]': "SOFT-S `'tf32'` 1 + 11 + 8 steps, m padded to ×32",
     'SOFT-S [cuda graphs]': 'SOFT-S `cuda_graphs=True`',
@@ -393,6 +406,13 @@ def render_candidates_h200(res):
             + _sized_table(res, 'h200-fp32', 'train', 'H200'))
 
 
+def render_candidates_h100(res):
+    """The H100's 2026-11-27 run: every backbone, SOFT-S under CUDA's plan with every
+    step formed and with its last float32 steps thin in inference (``--soft-plans``)."""
+    return (_sized_table(res, 'h100-thin', 'speed', 'H100') + '\n\n'
+            + _sized_table(res, 'h100-thin', 'train', 'H100'))
+
+
 def render_modes(res):
     """SOFT's modes: time per device (``forward``) and deviations."""
     keys = list(dict.fromkeys(k for _, source in MODES_DEVIATION
@@ -612,6 +632,7 @@ BENCHMARK_TABLES = {
     'forward-h200': render_forward_h200,
     'train-h200': render_train_h200,
     'candidates-h200': render_candidates_h200,
+    'candidates-h100': render_candidates_h100,
     'modes': render_modes,
     'pinv': render_pinv,
     'pinv-padded': render_pinv_padded,
