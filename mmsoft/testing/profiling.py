@@ -10,11 +10,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ['LaunchCounter', 'NO_KERNEL_OPS']
+__all__ = ['LaunchCounter', 'MATMULS', 'NO_KERNEL_OPS']
 
 # Operators that reach the backend but launch no kernel: allocation and metadata.
 NO_KERNEL_OPS = frozenset({'empty', 'empty_like', 'empty_strided', 'new_empty', 'detach',
                            'alias', 'lift_fresh', '_unsafe_view'})
+# The matrix products below autograd (``linear`` and ``matmul`` reach them), and which
+# of their arguments are the two factors.
+MATMULS = {'mm': (0, 1), 'bmm': (0, 1), 'addmm': (1, 2), 'baddbmm': (1, 2)}
 
 
 class LaunchCounter(TorchDispatchMode):
@@ -23,6 +26,11 @@ class LaunchCounter(TorchDispatchMode):
     work per step. Views and ``NO_KERNEL_OPS`` are not counted. Also records every copy
     of a host tensor to another device (``transfers``): on a GPU such a copy waits for
     the device to finish its queue. 0-dim host tensors are passed as values (no copy).
+
+    Also adds up the floating-point operations of the matrix products (``MATMULS``:
+    2·M·K·N per (M×K)·(K×N) product, per batch entry), split into products of two
+    square matrices of one size (SOFT's Newton–Raphson iterate runs on m×m kernels) and
+    the others.
 
     Args:
         shapes_of (Iterable[str]): operator names (e.g. ``'exp_'``) whose output shapes
@@ -33,12 +41,15 @@ class LaunchCounter(TorchDispatchMode):
         transfers (list[str]): the operators that copied a host tensor to a device.
         shapes (dict[str, list[tuple]]): for each name of ``shapes_of``, the shape of
             every output it produced.
+        matmul_flops (Counter): 'square' and 'other' -> floating-point operations of the
+            matrix products.
     """
 
     def __init__(self, shapes_of=()):
         super().__init__()
         self.counts, self.transfers = Counter(), []
         self.shapes = {name: [] for name in shapes_of}
+        self.matmul_flops = Counter()
 
     @property
     def total(self):
@@ -54,6 +65,11 @@ class LaunchCounter(TorchDispatchMode):
             self.counts[name] += 1
         if name in self.shapes:
             self.shapes[name].append(tuple(out.shape))
+        if name in MATMULS:
+            a, b = (args[i] for i in MATMULS[name])
+            (m, k), n = a.shape[-2:], b.shape[-1]
+            kind = 'square' if m == k == n else 'other'
+            self.matmul_flops[kind] += 2 * m * k * n * (a.shape[0] if a.dim() == 3 else 1)
         host = any(isinstance(t, torch.Tensor) and t.device.type == 'cpu' and t.dim() > 0
                    for t in tree_flatten((args, kwargs))[0])
         if host and any(isinstance(t, torch.Tensor) and t.device.type != 'cpu'

@@ -106,6 +106,26 @@ def test_launch_counts(tmp_path, monkeypatch):
                          for size in ('64x64', '96x128')}
     for row in rows.values():
         assert 0 < row['forward'] < row['train']
+        assert 0 < row['matmul_gflop']['forward'] < row['matmul_gflop']['train']
+    # SOFT-S's iterate is made of products of square m×m kernels; Swin-T has none
+    for size in ('64x64', '96x128'):
+        assert rows[f'SOFT-S (auto) {size}']['square_matmul_gflop']['forward'] > 0
+        assert rows[f'Swin-T {size}']['square_matmul_gflop'] == {'forward': 0, 'train': 0}
+
+
+def test_launch_counter_adds_up_matrix_product_flops():
+    """2·M·K·N per product and batch entry, whichever operator runs it (bmm; addmm from
+    linear; mm from @), the products of two square matrices of one size apart."""
+    import torch
+
+    from mmsoft.testing import LaunchCounter
+    meta = dict(device='meta')
+    with LaunchCounter() as count:
+        torch.bmm(torch.zeros(3, 8, 8, **meta), torch.zeros(3, 8, 8, **meta))
+        torch.nn.functional.linear(torch.zeros(5, 4, **meta), torch.zeros(6, 4, **meta),
+                                   torch.zeros(6, **meta))
+        torch.zeros(2, 8, **meta) @ torch.zeros(8, 3, **meta)
+    assert count.matmul_flops == {'square': 3 * 2 * 8**3, 'other': 2 * 5 * 4 * 6 + 2 * 2 * 8 * 3}
 
 
 def test_compile_rows(tmp_path, capsys, monkeypatch):

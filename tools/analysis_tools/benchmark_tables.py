@@ -56,7 +56,7 @@ SOURCES = {
     'B': ('cpu_speed_2026-11-25.json', 'run B'),
     'C': ('cpu_memory_2026-11-25.json', 'run C'),
     'cpu-compile': ('cpu_compile_2026-11-24.json', 'the CPU compile run'),
-    'launches': ('cpu_launches_2026-11-26.json', 'the operator count'),
+    'launches': ('cpu_launches_2026-11-27.json', 'the operator count'),
     'fp32': ('cuda_h100/fp32.json', 'H100 fp32'),
     'bf16': ('cuda_h100/bf16.json', 'H100 bf16'),
     'fp16': ('cuda_h100/fp16.json', 'H100 fp16'),
