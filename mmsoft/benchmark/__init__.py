@@ -13,7 +13,8 @@ Each section is a function ``section_NAME(args, out)``: it measures with the opt
               (``--compile``: also under torch.compile)
     modes     modes: SOFT's attention modes, time and deviation from the exact iterate
     memory    memory, scaling: peak memory per process, time and memory over sizes
-    launches  launches: operators per step with CUDA's plan on the meta device
+    launches  launches: operators per step and their matrix products' floating-point
+              operations, with CUDA's plan on the meta device
     detector  detector: RetinaNet and Mask R-CNN iterations, SOFT-S vs Swin-T
 
 ``SECTIONS`` maps each name to its function, in the order the CLI runs them by default.

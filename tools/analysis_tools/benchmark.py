@@ -34,7 +34,8 @@ Sections (``--sections``, default all):
            and Swin-T
   launches ATen operators (on a GPU: kernel launches) per forward and training step of
            SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
-           meta device with CUDA's plan (no GPU needed): eager mode's host work per step
+           meta device with CUDA's plan (no GPU needed): eager mode's host work per step;
+           and the floating-point operations of their matrix products
   detector one training iteration (data → backbone → neck → head → losses → backward →
            optimizer step, batch ``--train-batch``) and one test forward per image of
            RetinaNet and Mask R-CNN from the shipped SOFT-S configs (the exact ones and
