@@ -399,18 +399,22 @@ def render_train_h200(res):
     return _sized_table(res, *TRAINING_STEP['H200'][0], 'H200')
 
 
+def _forward_and_train(res, source, device):
+    """A run's ``speed`` and ``train`` sections, one table each."""
+    return (_sized_table(res, source, 'speed', device) + '\n\n'
+            + _sized_table(res, source, 'train', device))
+
+
 def render_candidates_h200(res):
     """The H200's first run: every backbone, and SOFT-S under the TF32 plans then
     candidates (``--soft-plans``), forward and training step."""
-    return (_sized_table(res, 'h200-fp32', 'speed', 'H200') + '\n\n'
-            + _sized_table(res, 'h200-fp32', 'train', 'H200'))
+    return _forward_and_train(res, 'h200-fp32', 'H200')
 
 
 def render_candidates_h100(res):
     """The H100's 2026-11-27 run: every backbone, SOFT-S under CUDA's plan with every
     step formed and with its last float32 steps thin in inference (``--soft-plans``)."""
-    return (_sized_table(res, 'h100-thin', 'speed', 'H100') + '\n\n'
-            + _sized_table(res, 'h100-thin', 'train', 'H100'))
+    return _forward_and_train(res, 'h100-thin', 'H100')
 
 
 def render_modes(res):
