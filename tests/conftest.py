@@ -127,8 +127,31 @@ NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_f
                     'test_xcit_sima.py', 'test_fixtures.py')
 
 
+# The tests that go through the OpenMMLab packages' own machinery (registry, configs, the
+# runner, checkpoint loading through mmengine's initializers, the tools, the set-up):
+# marked ``openmmlab``. The OneDL stack differs from the default one in those packages
+# only (the same torch), so CI runs these there; the attention math, the fidelity floor,
+# the backbones' sizes and precisions, the docs' checks and the tools that time or report
+# mmsoft's torch code run once per torch. A test elsewhere that builds a model through
+# mmdet or mmseg carries the marker itself.
+OPENMMLAB_DIRS = ('apis', 'checkpoint', 'configs', 'e2e', 'scripts', 'tools')
+OPENMMLAB_MODULES = ('test_registry.py', 'test_soft.py', 'test_xcit_sima.py')
+NOT_OPENMMLAB_MODULES = ('test_benchmark.py', 'test_benchmark_tables.py',
+                         'test_device_report.py')
+
+
+def _goes_through_openmmlab(path):
+    rel = path.relative_to(osp.join(ROOT, 'tests'))
+    if rel.name in OPENMMLAB_MODULES:
+        return True
+    return rel.parts[0] in OPENMMLAB_DIRS and rel.name not in NOT_OPENMMLAB_MODULES
+
+
 def pytest_configure(config):
-    config.addinivalue_line('markers', 'slow: end-to-end tests that train a model (minutes)')
+    config.addinivalue_line('markers', 'slow: end-to-end tests that train a model, and '
+                            'tests that take a minute or more')
+    config.addinivalue_line('markers', 'openmmlab: goes through the OpenMMLab packages '
+                            '(what CI runs again on the OneDL stack)')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU (skipped without one)')
     config.addinivalue_line('markers', 'numerics: compares floats from different paths '
                             '(run again in another numeric configuration by CI)')
@@ -138,6 +161,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
+        if _goes_through_openmmlab(item.path):
+            item.add_marker(pytest.mark.openmmlab)
 
 
 # The tiny archs of the parity fixtures (tests/data/README.md, tests/data/*_public_*.pth).

@@ -315,6 +315,7 @@ def test_pinv_columns_compute_the_same_iterate():
         assert (out - ref).abs().max() <= 1e-10 * ref.abs().max(), name
 
 
+@pytest.mark.openmmlab  # mmdet builds the detectors
 def test_detector_section(tmp_path, capsys):
     """--sections detector times a training iteration and a test forward of RetinaNet and
     Mask R-CNN with SOFT-S (the paper's and landmark_grid=16) and with Swin-T, built from
@@ -339,6 +340,7 @@ def test_detector_section(tmp_path, capsys):
             assert row[5] == f"{r['test'] / swin['test']:.2f}×", row
 
 
+@pytest.mark.openmmlab  # mmdet builds the detectors
 def test_detector_configs_differ_only_in_the_backbone():
     """Swin-T replaces the backbone and the neck's input widths, nothing else; the
     training iteration the section times updates the weights (the optimizer step)."""
@@ -373,6 +375,7 @@ def test_detector_configs_differ_only_in_the_backbone():
     assert any(k.startswith('roi_head.mask_head.') for k in changed)
 
 
+@pytest.mark.openmmlab  # mmdet builds the detectors
 @pytest.mark.parametrize('det,shipped', [
     ('RetinaNet', 'configs/soft/retinanet_soft-s-grid16_fpn_1x_coco.py'),
     ('Mask R-CNN', 'configs/soft/mask-rcnn_soft-s-grid16_fpn_1x_coco.py')])
@@ -496,6 +499,7 @@ def test_cuda_graph_rows_on_cuda_only(monkeypatch):
     assert common.build('SOFT-S', 'auto').cuda_graphs is None
 
 
+@pytest.mark.openmmlab  # mmdet builds the detectors
 def test_detector_cuda_graph_rows_are_the_paper_config_with_graphs():
     from mmsoft.benchmark import detector
     for det in ('RetinaNet', 'Mask R-CNN'):

@@ -47,21 +47,40 @@ def backbones():
     return {'SOFT': soft, 'XCiTSimA': xcit}
 
 
+def check_sizes(model, hw, batch, dtypes):
+    x = torch.randn(batch, 3, *hw)
+    for dtype in dtypes:
+        with torch.no_grad(), autocast(dtype):
+            outs = model(x)
+        shapes = [tuple(o.shape[1:]) for o in outs]
+        assert shapes == expected_shapes(model, *hw), (dtype, shapes)
+        for o in outs:
+            assert o.shape[0] == batch and torch.isfinite(o).all(), (dtype, batch)
+
+
+def is_large(hw):
+    return hw[0] * hw[1] > 200 * 200
+
+
 @pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
 @pytest.mark.parametrize('hw', SIZES, ids=lambda s: f'{s[0]}x{s[1]}')
 def test_sizes_batches_and_precisions(backbones, name, hw):
-    model = backbones[name]
-    large = hw[0] * hw[1] > 200 * 200
-    for batch in (1, 3):
-        x = torch.randn(batch, 3, *hw)
-        # batch 3 of the large inputs in float32 only, to keep the suite short
-        for dtype in DTYPES[:1] if (large and batch == 3) else DTYPES:
-            with torch.no_grad(), autocast(dtype):
-                outs = model(x)
-            shapes = [tuple(o.shape[1:]) for o in outs]
-            assert shapes == expected_shapes(model, *hw), (dtype, shapes)
-            for o in outs:
-                assert o.shape[0] == batch and torch.isfinite(o).all(), (dtype, batch)
+    """Batches of 1 and 3 in every precision; the large inputs in float32, one image (in
+    half precision and in a batch: the next test)."""
+    if is_large(hw):
+        check_sizes(backbones[name], hw, 1, DTYPES[:1])
+    else:
+        for batch in (1, 3):
+            check_sizes(backbones[name], hw, batch, DTYPES)
+
+
+@pytest.mark.slow  # CPU autocast at 600k pixels: about 40 s per size for SOFT, 2 CPU cores
+@pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
+@pytest.mark.parametrize('hw', [s for s in SIZES if is_large(s)],
+                         ids=lambda s: f'{s[0]}x{s[1]}')
+def test_large_inputs_in_half_precision_and_in_a_batch(backbones, name, hw):
+    check_sizes(backbones[name], hw, 1, DTYPES[1:])
+    check_sizes(backbones[name], hw, 3, DTYPES[:1])
 
 
 @pytest.mark.parametrize('name', ['SOFT', 'XCiTSimA'])
@@ -138,6 +157,7 @@ def _build(cfg_rel):
     return init_model(osp.join(ROOT, 'configs', cfg_rel)).eval()
 
 
+@pytest.mark.openmmlab  # mmdet and mmseg build the models
 @pytest.mark.parametrize('cfg', ['soft/retinanet_soft-t_fpn_1x_coco.py',
                                  'soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py'])
 def test_shipped_models_on_odd_sizes(cfg):

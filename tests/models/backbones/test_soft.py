@@ -482,6 +482,7 @@ def test_traces_into_one_graph(mode):
         assert rel_err(grad, ref_grad) < 1e-6
 
 
+@pytest.mark.slow  # Dynamo traces the training forward twice: over a minute on 2 CPU cores
 @needs_one_graph_dynamo
 def test_training_graph_holds_across_image_sizes():
     """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
