@@ -141,10 +141,10 @@ NOT_OPENMMLAB_MODULES = ('test_benchmark.py', 'test_benchmark_tables.py',
 
 
 def _goes_through_openmmlab(path):
-    rel = osp.relpath(path, osp.join(ROOT, 'tests')).split(os.sep)
-    if rel[-1] in OPENMMLAB_MODULES:
+    if path.name in OPENMMLAB_MODULES:
         return True
-    return rel[0] in OPENMMLAB_DIRS and rel[-1] not in NOT_OPENMMLAB_MODULES
+    folder = osp.relpath(path, osp.join(ROOT, 'tests')).split(os.sep)[0]
+    return folder in OPENMMLAB_DIRS and path.name not in NOT_OPENMMLAB_MODULES
 
 
 def pytest_configure(config):
