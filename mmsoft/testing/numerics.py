@@ -53,8 +53,8 @@ PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'spectral, tridia
 
 def inference_only(kwargs):
     """Whether a path's options (``PINV_PATHS``) differ from another's only without
-    gradients: thin steps, the tridiagonal application."""
-    return bool(kwargs.get('thin_steps')) or kwargs.get('spectral_inference') == 'tridiagonal'
+    gradients: the tridiagonal application."""
+    return kwargs.get('spectral_inference') == 'tridiagonal'
 
 
 def kernel_bound(floor):
@@ -145,9 +145,8 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
         per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
-        path with gradients; none for inference-only options, thin steps and the
-        tridiagonal application, whose paths train as the others), each the deviation
-        (inf where not finite).
+        path with gradients; none for the inference-only tridiagonal application, whose
+        path trains as 'spectral' does), each the deviation (inf where not finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))

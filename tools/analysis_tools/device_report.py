@@ -9,10 +9,10 @@ runs. The steps, by part (one call of a lent GPU machine each):
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
-                 in inference too (FORMED)
+                 (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate
                  and FORMED (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this
-                 GPU, and what its thin steps in inference gain
+                 GPU, and what its thin steps gain in inference and training
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
@@ -80,9 +80,9 @@ FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
 
 # 'tf32' schedules (float32 steps first, last) the pinv and fidelity steps compare.
 TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
-# CUDA's plan with every step formed in inference too (its default applies the last 4
-# float32 steps to the thin matrix there): what the floor (fidelity, fidelity-640) and
-# the speed (fp32) of the default are compared with
+# CUDA's plan with every step formed (its default applies the last 4 float32 steps to
+# the thin matrix, in training too on large kernels): what the floor (fidelity,
+# fidelity-640) and the speed (fp32) of the default are compared with
 FORMED = 'tf32-1-4-pad32'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
                   + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED])

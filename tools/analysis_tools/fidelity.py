@@ -22,7 +22,7 @@ other side than in float64 moves the whole gradient through it, in float32 too
   tf32-F-L                TF32 products between F float32 steps first and L last, e.g.
                           tf32-1-2; tf32-F-L-padN: with m zero-padded to a multiple of N;
                           ...-thinK: the last K float32 steps applied to the thin matrix
-                          (without gradients; the gradients' paths form the iterate)
+                          (in training too where that costs less)
   tf32x3                  three TF32 products of split operands per product
 
 Examples:

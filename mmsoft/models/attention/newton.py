@@ -31,9 +31,10 @@ functions here take every choice as an argument and read no plan.
 
 The iterations can run on A zero-padded to a multiple of ``pad_to`` landmarks (aligned
 sizes for tensor cores): A's block never mixes with the zero block and α is unchanged,
-so the iterate is the same. Without gradients, the last ``thin_steps`` float32 steps of
-'iterative' or 'tf32' can be applied to the thin matrix instead of forming the iterate
-(``_apply_thin``: the same steps, one m×m product each instead of two).
+so the iterate is the same. The last ``thin_steps`` float32 steps of 'iterative' or
+'tf32' can be applied to the thin matrix instead of forming the iterate
+(``_NewtonPinvThin``: the same steps with one m×m product for all of them, or one each,
+and thin products, instead of two each), with gradients too where that costs less.
 
 Accuracy is judged on the network's outputs (docs/en/notes/numerics.md): each output
 map of a default path within 1e-5 of the float64 computation in the official order, on
@@ -145,6 +146,11 @@ def _check_method(method, iters, allowed=EXACT_PINV_METHODS):
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
 
+
+# ``_horner_steps``: the least cost it counts for one product, in flops: about what an
+# H100 computes in float32 products (~40 TFLOP/s reached, docs/en/notes/per_device_plans.md)
+# in the ~10 µs an eager operator takes to launch. Below it, operators cost launches.
+LAUNCH_FLOPS = 4e8
 
 # newton_alpha halves α while ||I - α·A·A||₁ exceeds this
 ALPHA_BOUND = 1.01
@@ -725,27 +731,52 @@ class _NewtonInverse:
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 
 
-def _apply_thin(A, Z, iters, method, nonnegative, options, steps):
-    """A⁺·Z with the last ``steps`` (float32) steps of the iteration applied to the thin
-    Z instead of forming A⁺ (inference).
+def _product_cost(flops):
+    """A product's cost in the thin steps' model: its flops, at least ``LAUNCH_FLOPS``."""
+    return max(flops, LAUNCH_FLOPS)
 
-    With V the iterate ``steps`` steps before the end (formed, by ``method``'s schedule)
-    and X_0 = A·V, every further step is V_{k+1} = V_k·(2I - X_k) with X_{k+1} =
-    A·V_{k+1} = 2X_k - X_k² (associativity alone, no commuting), so A⁺·Z = V·(2I - X_0)
-    ···(2I - X_{L-1})·Z: L m×m products (X_0, then L - 1 squarings) and L + 1 thin ones,
-    instead of the 2L m×m products of formed steps. The X_k are polynomials in X_0, so
-    the factors commute and apply to Z in any order.
 
-    The algebra is that of the formed steps, so the thin steps correct the formed
-    iterate's rounding as formed steps would (Newton's step squares the error in the
-    converged directions: CUDA's TF32 steps end in float32 steps for that). What they do
-    not correct is their own factors' rounding: with every step applied thin (V = V₀ =
-    αA, ``thin_steps=iters``, in no plan), the first factor 2I - αA² is near 0 for
-    eigenvalues near the step size's boundary (αλ² ≈ 2), and its rounding stays: 3e-3–
-    1e-2 from the float64 iterate there, where the official float32 iteration is within
-    1.4e-4–8e-6 (docs/en/notes/numerics.md). A plan applies at most the float32 steps that
-    end 'tf32''s schedule, after a formed float32 step (``check_thin_steps``).
-    """
+def _thin_costs(steps, m, n, b=1):
+    """The L thin steps' costs for b kernels m×m and thin matrices of n columns:
+    (h, cost of the steps after X_0 with the last h of them by Horner's rule, cost of one
+    m×m product, cost of one thin product), each product counted by ``_product_cost``.
+
+    The factor of the last h steps is Σ_{j<2^h} R^j (``_NewtonPinvThin``): 2^h - 1 thin
+    products by Horner's rule, against the h steps X_{k+1} = 2X_k - X_k² (m×m products)
+    and h thin products that apply them one by one. Where the kernels are large, flops
+    decide (CUDA's 4 steps at SOFT-S's m = 1056 and n = 32: all 4 by Horner's rule, 15 thin
+    products with the flops of half an m×m product, instead of 3 m×m and 4 thin
+    products); where they are small (m = 256 at 512×512), launches do, and the fewest
+    products (the steps one by one) win."""
+    square, thin = _product_cost(2 * b * m**3), _product_cost(2 * b * m * m * n)
+
+    def cost(h):
+        squarings = steps - h - (h == 0)  # X_0 is formed either way
+        return squarings * square + (steps - h + 2**h - 1) * thin
+    h = min(range(steps + 1), key=cost)
+    return h, cost(h), square, thin
+
+
+def _horner_steps(steps, m, n, b=1):
+    """How many of the L thin steps (the last ones) ``_thin_factors`` applies as one
+    polynomial by Horner's rule (``_thin_costs``)."""
+    return _thin_costs(steps, m, n, b)[0]
+
+
+def _thin_pays_in_training(steps, m, n, b=1):
+    """Whether the L thin steps cost less than forming them when backward is needed:
+    thin, X_0, the steps and V's thin product in forward, and again in backward
+    (``_NewtonPinvThin``); formed, 2L m×m products and A⁺'s thin product in each pass
+    (``_NewtonPinvApply``). At SOFT-S's m = 1056 (800×1344) about half; at m = 256
+    (512×512), where the products cost launches more than flops, the formed steps take
+    fewer, and at m = 416 (640×640) for fewer than 20 kernels at once."""
+    _, steps_cost, square, thin = _thin_costs(steps, m, n, b)
+    return 2 * (square + steps_cost + thin) < 2 * steps * square + 2 * thin
+
+
+def _thin_start(A, Z, iters, method, nonnegative, options, steps):
+    """The iterate ``steps`` steps before the end, formed by ``method``'s schedule, on A
+    padded to ``pad_to``: (A3, V, Z3), flat batch (b, m', m'), (b, m', m'), (b, m', n)."""
     m = A.shape[-1]
     alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
     A3 = _padded(A, options['pad_to'])
@@ -762,14 +793,104 @@ def _apply_thin(A, Z, iters, method, nonnegative, options, steps):
         formed.insert(0, (count - cut, precision))
     for count, precision in formed:
         V = _newton_steps(A3, V, count, precision)
-    X = A3 @ V  # X_0
-    W = Z3
-    for k in range(steps):
-        W = torch.baddbmm(W, X, W, beta=2, alpha=-1)  # (2I - X_k)·W
+    return A3, V, Z3
+
+
+def _thin_factors(A3, V, steps, n):
+    """The L = ``steps`` thin steps' factors after V (``_NewtonPinvThin``): X_0 = A·V and
+    its steps X_{k+1} = 2X_k - X_k² for the first L - h steps (applied one by one), and
+    R = I - X_{L-h} for the last h (applied as one polynomial; ``_horner_steps``).
+    Returns (X_0, ..., X_{L-h-1}), R or None (h = 0), h.
+
+    The steps stay in X's form: where X_k is small (directions not yet converged) its
+    relative rounding stays that of one product per step, where squaring R = I - X_k
+    would double R's rounding at every step (2^k·u on x_k's scale: 4e-3 in float32
+    after 16). R's rounding enters only the last h steps' sum, whose terms it moves by
+    at most (2^h - 1)·2^(h-1)·u (h = 4: 120·u on a sum of up to 16)."""
+    h = _horner_steps(steps, A3.shape[-1], n, A3.shape[0])
+    X = A3 @ V  # X_0, one m×m product
+    single = []
+    for k in range(steps - h):
+        single.append(X)
         if k + 1 < steps:
-            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)  # X_{k+1} = 2X_k - X_k²
-    W = V @ W
-    return W[:, :m].reshape(Z.shape)
+            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
+    if not h:
+        return tuple(single), None, h
+    return tuple(single), torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X, h
+
+
+def _apply_factors(single, R, h, W, transpose=False):
+    """S·W for the thin steps' factor S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j
+    (``_thin_factors``), or Sᵀ·W: thin products only. The factors are polynomials in X_0,
+    so they commute and apply in any order; Horner's rule W + R·(W + R·(···)) sums the
+    last one."""
+    def t(x):
+        return x.transpose(-1, -2) if transpose else x
+
+    for X in single:
+        W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
+    if h:
+        Rt, T = t(R), W
+        for _ in range(2**h - 1):
+            T = torch.baddbmm(W, Rt, T)
+        W = T
+    return W
+
+
+class _NewtonPinvThin(torch.autograd.Function):
+    """W = A⁺·Z with the last L = ``steps`` float32 steps of the iteration applied to the
+    thin Z instead of forming A⁺, with gradients (where ``_thin_pays_in_training``) or
+    without.
+
+    With V the iterate L steps before the end (formed, by ``method``'s schedule) and
+    X_0 = A·V, every further step is V_{k+1} = V_k·(2I - X_k) with X_{k+1} = A·V_{k+1} =
+    2X_k - X_k² (associativity alone, no commuting), so A⁺ = V·(2I - X_0)···(2I - X_{L-1}).
+    With R = I - X_0 that is I - X_k = R^(2^k), and the factors' product is
+    Σ_{j<2^L} R^j: one m×m product (X_0) and 2^L - 1 thin ones by Horner's rule for the
+    L steps, where the formed steps take 2L m×m products. For large L the sum's thin
+    products cost more than forming X_1, X_2, ... and applying the factors one by one;
+    ``_horner_steps`` splits the steps between the two ways (``_thin_factors``).
+
+    Backward as paper Eq. 16 (A⁺ treated as an exact inverse, as ``_NewtonPinvApply``):
+    ∇Z = A⁺ᵀ·∇W = Sᵀ·(Vᵀ·∇W) (S the factors' product) and ∇A = -∇Z·Wᵀ: thin products
+    after recomputing X_0 (and the X_k after it) from the saved A and V. A⁺ is never
+    formed, and the saved V takes the memory the formed iterate took.
+
+    The algebra is that of the formed steps, so the thin steps correct the formed
+    iterate's rounding as formed steps would (Newton's step squares the error in the
+    converged directions: CUDA's TF32 steps end in float32 steps for that). What they do
+    not correct is their own factors' rounding: with every step applied thin (V = V₀ =
+    αA, ``thin_steps=iters``, in no plan), the first factor 2I - αA² is near 0 for
+    eigenvalues near the step size's boundary (αλ² ≈ 2), and its rounding stays:
+    3e-3–1e-2 from the float64 iterate there, where the official float32 iteration is
+    within 1.4e-4–8e-6
+    (docs/en/notes/numerics.md). A plan applies at most the float32 steps that end
+    'tf32''s schedule, after a formed float32 step (``check_thin_steps``).
+    """
+
+    @staticmethod
+    def forward(ctx, A, Z, iters, method, nonnegative, options, steps):
+        m = A.shape[-1]
+        A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
+        W = V @ _apply_factors(*_thin_factors(A3, V, steps, Z3.shape[-1]), Z3)
+        W = W[:, :m].reshape(Z.shape)
+        ctx.steps, ctx.pad_to = steps, options['pad_to']
+        ctx.save_for_backward(A, V, W)
+        return W
+
+    @staticmethod
+    def backward(ctx, grad_W):
+        A, V, W = ctx.saved_tensors
+        m = A.shape[-1]
+        A3 = _padded(A, ctx.pad_to)
+        A3 = A3.reshape(-1, *A3.shape[-2:])
+        G3 = grad_W.reshape(-1, *grad_W.shape[-2:])
+        if A3.shape[-1] != m:
+            G3 = F.pad(G3, (0, 0, 0, A3.shape[-1] - m))
+        factors = _thin_factors(A3, V, ctx.steps, G3.shape[-1])
+        grad_Z = _apply_factors(*factors, V.transpose(-1, -2) @ G3, transpose=True)
+        grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None
 
 
 class _NewtonPinv(torch.autograd.Function):
@@ -851,19 +972,21 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
-    'tf32' and 'tf32x3' form A⁺ (training keeps it for backward); 'spectral' never forms
-    it; without gradients the last ``thin_steps`` steps of 'iterative' and 'tf32' are
-    applied to Z (``_apply_thin``).
+    'tf32' and 'tf32x3' form A⁺, except the last ``thin_steps`` steps of 'iterative' and
+    'tf32', which are applied to Z (``_NewtonPinvThin``; with gradients where that costs
+    less than forming them, ``_thin_pays_in_training``); 'spectral' never forms it.
 
     Args:
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
         eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
-        thin_steps (int): without gradients, this many of the float32 steps that end the
-            iteration run on the thin Z: one m×m product each instead of two
-            (``_apply_thin``; at most 'tf32''s last float32 steps, every step of
-            'iterative'; ``check_thin_steps``). With gradients the iterate is formed.
+        thin_steps (int): this many of the float32 steps that end the iteration run on
+            the thin Z: at most one m×m product each, one for all of them where Horner's
+            rule costs less, instead of two each (``_NewtonPinvThin``; at most 'tf32''s
+            last float32 steps, every step of 'iterative'; ``check_thin_steps``). With
+            gradients, where that costs less than the formed steps' backward
+            (``_thin_pays_in_training``: large kernels).
         spectral_inference (str): without gradients, how 'spectral' applies its filter to
             a float32 A: 'eigh' (A's eigenvectors, ``eigh_dtype``) or 'tridiagonal'
             (A's tridiagonal form, ``_tridiagonal_apply``; needs SciPy, and T ≥
@@ -882,8 +1005,10 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
             and iters >= TRIDIAGONAL_MIN_ITERS
             and not (is_compiling() or torch.jit.is_tracing())):  # SciPy: eager, CPU
         return _tridiagonal_apply(A, Z.to(A.dtype), iters, nonnegative).to(Z.dtype)
-    if thin_steps and not grad:
-        return _apply_thin(A, Z, iters, method, nonnegative, options, thin_steps)
+    if thin_steps and (not grad or _thin_pays_in_training(
+            thin_steps, -A.shape[-1] // -options['pad_to'] * options['pad_to'], Z.shape[-1],
+            A[..., 0, 0].numel())):
+        return _NewtonPinvThin.apply(A, Z, iters, method, nonnegative, options, thin_steps)
     return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative, options)
 
 

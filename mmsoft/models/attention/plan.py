@@ -12,9 +12,11 @@ changes what is computed, only how (up to float rounding):
     tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
-    thin_steps         without gradients, this many of the float32 steps that end
-                       'iterative' and 'tf32' are applied to the thin matrix (one m×m
-                       product each instead of two; at most 'tf32''s last float32 steps)
+    thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
+                       are applied to the thin matrix (at most one m×m product each, one
+                       for all of them on large kernels, instead of two each; with
+                       gradients where that costs less than forming them; at most
+                       'tf32''s last float32 steps)
     spectral_inference without gradients, how 'spectral' applies its filter: 'eigh'
                        (eigenvectors) or 'tridiagonal' (A's tridiagonal form, about
                        half an eigendecomposition; needs SciPy; its filter is the
@@ -83,7 +85,7 @@ class AttentionPlan:
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
-        thin_steps (int): float32 steps applied to the thin matrix without gradients.
+        thin_steps (int): float32 steps applied to the thin matrix.
         spectral_inference (str): 'eigh' or 'tridiagonal'.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this

@@ -445,8 +445,8 @@ def test_every_path_a_plan_may_take_stays_near_the_float64_iterate(kind, m):
     assert resolve_pinv_method('auto', m, 'cpu') in PLAN_PATHS
     assert resolve_pinv_method('auto', m, 'cuda') in PLAN_PATHS
     out = pinv_accuracy(kind, m)
-    # inference and training per path; training only where the iterate is formed there
-    # anyway (no thin steps)
+    # inference and training per path; training not for the tridiagonal application
+    # (inference only: with gradients it is 'spectral')
     assert len(out) == 2 + sum(1 if inference_only(PINV_PATHS[p]) else 2 for p in PLAN_PATHS)
     for name, dev in out.items():
         if name not in ('floor', 'bound'):
@@ -583,33 +583,62 @@ def _mm_products(fn):
     return tuple(counts)
 
 
-@pytest.mark.parametrize('kwargs, steps', [
-    (dict(method='iterative'), 20),  # every step thin, from V₀ = αA
-    (dict(method='iterative'), 4),
-    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4),  # CUDA's schedule
-    (dict(method='tf32', tf32_float32_steps=(1, 8)), 3),
+@pytest.mark.parametrize('kwargs, steps, shape', [
+    (dict(method='iterative'), 20, (3, 40)),  # every step thin, from V₀ = αA
+    (dict(method='iterative'), 4, (3, 40)),
+    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (3, 40)),  # CUDA's
+    (dict(method='tf32', tf32_float32_steps=(1, 8)), 3, (3, 40)),
+    # large enough for flops to decide (``_thin_costs``): CUDA's 4 steps as X_0, its
+    # next step X_1 and a sum of 8 terms by Horner's rule, thin in training too
+    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (8, 500)),
 ])
-def test_thin_steps_are_the_formed_steps(kwargs, steps):
-    """Inference with the last L steps applied to the thin matrix computes the formed
-    iterate times Z (exactly so in float64, where 'tf32' runs every step in float64) with
-    L m×m products for those steps instead of 2L; with gradients the iterate is formed
-    (Eq. 16 needs it)."""
-    A = gaussian_kernel_matrix(40, batch=(3, ), scale=0.3)
-    Z = torch.randn(3, 40, 8, dtype=torch.float64)
-    ref = newton_pinv(A, **kwargs) @ Z
+def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
+    """The last L steps applied to the thin matrix compute the formed iterate times Z,
+    and its Eq. 16 gradients, exactly so in float64 (where 'tf32' runs every step in
+    float64), with fewer m×m products: at most L for those steps instead of 2L (X_0 and
+    the X_k after it; thin products apply them, or Horner's rule their sum where that
+    costs less, ``_thin_costs``). With gradients they run thin where that costs less
+    than forming them (large kernels; backward recomputes those m×m products and
+    applies the steps thin), else formed (backward applies the saved iterate)."""
+    b, m = shape
+    A = gaussian_kernel_matrix(m, batch=(b, ), scale=0.3)
+    Z = torch.randn(b, m, 8, dtype=torch.float64)
+    grad = torch.randn(b, m, 8, dtype=torch.float64)
+    A_ref, Z_ref = A.clone().requires_grad_(), Z.clone().requires_grad_()
+    ref = newton_pinv(A_ref, **kwargs) @ Z_ref
+    ref.backward(grad)
     with torch.no_grad():
         thin = newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs)
         formed = _mm_products(lambda: newton_pinv_apply(A, Z, nonnegative=True, **kwargs))
         counted = _mm_products(
             lambda: newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs))
     assert relative_deviation(thin, ref) < 1e-12
-    assert formed[0] - counted[0] == steps  # one m×m product fewer per thin step
-    assert counted[1] - formed[1] == steps  # (2I - X)·W each, V·W instead of Y·Z
-    with torch.enable_grad():
-        W = newton_pinv_apply(A.clone().requires_grad_(), Z, nonnegative=True,
-                              thin_steps=steps, **kwargs)
-        assert _mm_products(lambda: W.sum().backward())[0] == 0  # saved, formed
-    assert relative_deviation(W.detach(), ref) < 1e-12
+    assert formed[0] - counted[0] >= steps
+    large = m == 500
+    if large:  # X_0 and X_1 for the 4 steps, Horner's rule for the last 3
+        assert formed[0] - counted[0] == 2 * steps - 2
+        assert counted[1] - formed[1] == 1 + 2**3 - 1
+    A_thin, Z_thin = A.clone().requires_grad_(), Z.clone().requires_grad_()
+    W = newton_pinv_apply(A_thin, Z_thin, nonnegative=True, thin_steps=steps, **kwargs)
+    assert relative_deviation(W.detach(), ref.detach()) < 1e-12
+    backward = _mm_products(lambda: W.backward(grad))
+    # thin: X_0 and the X_k after it again; formed: none (the iterate is saved)
+    assert backward[0] == (counted[0] - (formed[0] - 2 * steps) if large else 0)
+    assert relative_deviation(A_thin.grad, A_ref.grad) < 1e-12
+    assert relative_deviation(Z_thin.grad, Z_ref.grad) < 1e-12
+
+
+def test_thin_steps_take_the_fewest_flops_or_launches():
+    """CUDA's 4 thin steps at SOFT-S's m = 1056 (padded) and d = 32, 2 heads of stage 1:
+    one sum by Horner's rule (15 thin products, the flops of half an m×m product,
+    against 3 m×m and 4 thin ones step by step). At 512×512 (m = 256) every product is
+    below a launch's worth of flops, and the steps one by one take the fewest (7, not 15);
+    for a Z as wide as A (n = m) too."""
+    from mmsoft.models.attention.newton import _horner_steps
+    assert _horner_steps(4, 1056, 32, b=2) == 4
+    assert _horner_steps(4, 256, 32, b=2) == 0
+    assert _horner_steps(4, 1056, 1056, b=2) == 0
+    assert _horner_steps(0, 1056, 32, b=2) == 0
 
 
 @pytest.mark.parametrize('kwargs', [

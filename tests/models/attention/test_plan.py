@@ -53,7 +53,7 @@ def test_forced_choices_nest_and_are_restored():
 
 
 def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
-    """CUDA's plan applies its last float32 steps to the thin matrix in inference. Forcing
+    """CUDA's plan applies its last float32 steps to the thin matrix. Forcing
     'spectral' or 'tf32x3' on every device type (the module docstring's example) keeps
     that choice for layers whose ``pinv_method`` ends in float32 steps, and applies none
     to the forced method."""

@@ -30,8 +30,10 @@ PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
                                           thin_steps=0)}
 # and for the maps the CPU's plan where SciPy is missing (eigenvectors in inference too;
 # with gradients both are 'eigh'). CUDA's plan applies its last float32 steps to the thin
-# matrix in inference (``thin_steps``): its maps are that path, its gradients the formed
-# iterate.
+# matrix (``thin_steps``): its maps are that path; at this size (m = 256, below a launch's
+# worth of flops per product) its training step forms them, as at 512×512 (larger
+# kernels run them thin in training too: tests/models/attention/test_attention.py,
+# docs/en/notes/numerics.md).
 MAP_PATHS = dict(PATHS, **{
     'cpu without SciPy': replace(PLANS['cpu'], spectral_inference='eigh')})
 
