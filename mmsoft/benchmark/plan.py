@@ -91,10 +91,9 @@ def section_pinv(args, out):
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
                  "computes it (the formed iterate times Z); 'thin' applies the T steps to "
-                 "Z (at most T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
+                 "Z (T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
                  "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps; "
-                 "'last L thin': those L applied to Z (at most L m×m products instead of "
-                 "2L: one, X₀ = A·V, where Horner's rule on their sum takes fewer flops).")
+                 "'last L thin': those L applied to Z (L m×m products instead of 2L).")
     if args.pinv_pad > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of "
                      f'{args.pinv_pad} (the same iterate on its block; aligned sizes for '

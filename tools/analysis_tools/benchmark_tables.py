@@ -80,9 +80,9 @@ SOURCE_LABELS['h200-fp32']['SOFT-S [tf32]'] = ("SOFT-S `pinv_method='tf32'`, 1 +
 SOURCE_LABELS['h200-fp32']['SOFT-S [cuda graphs]'] = ('SOFT-S `cuda_graphs=True`, then the '
                                                      'float32 iterate')
 # The H200's default run and the H100's 2026-11-27 run measured CUDA's plan with every
-# step formed, before its inference applied the last 4 float32 steps thin: its 'auto'
-# rows say so (the training step forms them still).
-FORMED = "SOFT-S `'auto'`, every step formed (CUDA's default then; in training still)"
+# step formed, before it applied the last 4 float32 steps thin (in inference, then at
+# detection sizes in training too): its 'auto' rows say so.
+FORMED = "SOFT-S `'auto'`, every step formed (CUDA's default then)"
 SOURCE_LABELS['h200-default'] = {'SOFT-S [auto]': FORMED,
                                  'SOFT-S [cuda graphs]': 'SOFT-S `cuda_graphs=True`, every '
                                                          'step formed'}
@@ -130,7 +130,7 @@ LABELS = {
                                     'every step formed',
     'SOFT-S [plan tf32-1-4-pad32-thin4]': ("SOFT-S `'tf32'` 1 + 15 + 4 steps, m padded to "
                                            "×32, the last 4 thin in inference (CUDA's "
-                                           'default)'),
+                                           'default then; now in training too)'),
     'SOFT-S [plan tf32-1-2-pad32]': "SOFT-S `'tf32'` 1 + 17 + 2 steps, m padded to ×32",
     'SOFT-S [plan tf32-1-8-pad32]': "SOFT-S `'tf32'` 1 + 11 + 8 steps, m padded to ×32",
     'SOFT-S [cuda graphs]': 'SOFT-S `cuda_graphs=True`',

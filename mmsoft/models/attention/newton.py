@@ -33,8 +33,9 @@ The iterations can run on A zero-padded to a multiple of ``pad_to`` landmarks (a
 sizes for tensor cores): A's block never mixes with the zero block and α is unchanged,
 so the iterate is the same. The last ``thin_steps`` float32 steps of 'iterative' or
 'tf32' can be applied to the thin matrix instead of forming the iterate
-(``_NewtonPinvThin``: the same steps with one m×m product for all of them, or one each,
-and thin products, instead of two each), with gradients too where that costs less.
+(``_NewtonPinvThin``: the same steps, one m×m product each instead of two, and thin
+products); with gradients too where that costs less, and there, on large kernels, with
+one m×m product for all of them (Horner's rule on their sum).
 
 Accuracy is judged on the network's outputs (docs/en/notes/numerics.md): each output
 map of a default path within 1e-5 of the float64 computation in the official order, on
@@ -796,18 +797,17 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     return A3, V, Z3
 
 
-def _thin_factors(A3, V, steps, n):
+def _thin_factors(A3, V, steps, n, horner):
     """The L = ``steps`` thin steps' factors after V (``_NewtonPinvThin``): X_0 = A·V and
     its steps X_{k+1} = 2X_k - X_k² for the first L - h steps (applied one by one), and
-    R = I - X_{L-h} for the last h (applied as one polynomial; ``_horner_steps``).
-    Returns (X_0, ..., X_{L-h-1}), R or None (h = 0), h.
+    R = I - X_{L-h} for the last h (applied as one polynomial; ``_horner_steps``; h = 0
+    unless ``horner``). Returns (X_0, ..., X_{L-h-1}), R or None (h = 0), h.
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k
     would double R's rounding at every step (2^k·u on x_k's scale: 4e-3 in float32
-    after 16). R's rounding enters only the last h steps' sum, whose terms it moves by
-    at most (2^h - 1)·2^(h-1)·u (h = 4: 120·u on a sum of up to 16)."""
-    h = _horner_steps(steps, A3.shape[-1], n, A3.shape[0])
+    after 16)."""
+    h = _horner_steps(steps, A3.shape[-1], n, A3.shape[0]) if horner else 0
     X = A3 @ V  # X_0, one m×m product
     single = []
     for k in range(steps - h):
@@ -845,11 +845,17 @@ class _NewtonPinvThin(torch.autograd.Function):
     With V the iterate L steps before the end (formed, by ``method``'s schedule) and
     X_0 = A·V, every further step is V_{k+1} = V_k·(2I - X_k) with X_{k+1} = A·V_{k+1} =
     2X_k - X_k² (associativity alone, no commuting), so A⁺ = V·(2I - X_0)···(2I - X_{L-1}).
-    With R = I - X_0 that is I - X_k = R^(2^k), and the factors' product is
-    Σ_{j<2^L} R^j: one m×m product (X_0) and 2^L - 1 thin ones by Horner's rule for the
-    L steps, where the formed steps take 2L m×m products. For large L the sum's thin
-    products cost more than forming X_1, X_2, ... and applying the factors one by one;
-    ``_horner_steps`` splits the steps between the two ways (``_thin_factors``).
+    Without gradients (``horner`` False) the X_k are formed and applied one by one: L m×m
+    products for the L steps, where formed steps take 2L. With R = I - X_0 that is
+    I - X_k = R^(2^k), and the factors' product is Σ_{j<2^L} R^j, which Horner's rule
+    applies with 2^L - 1 thin products and no m×m product after X_0; with gradients
+    (``horner``), where that costs less (``_horner_steps``), the last steps run so.
+    It rounds more: each of its products rounds a sum that grows to 2^h times Z in the
+    directions not yet converged, and those roundings reach the converged ones, which
+    V amplifies: (2^h - 1)·2^(h-1) times Z's scale against 2^h - 1 one by one. On
+    SOFT-S's maps at 800×1344 (CPU, TF32 emulated, astronaut) 4.9e-6 from float64
+    against 1.5e-6 one by one, within the maps' floor but with less margin, so only
+    training takes it, whose floor is on the gradients (1e-4; 1.1e-5 at 640×640).
 
     Backward as paper Eq. 16 (A⁺ treated as an exact inverse, as ``_NewtonPinvApply``):
     ∇Z = A⁺ᵀ·∇W = Sᵀ·(Vᵀ·∇W) (S the factors' product) and ∇A = -∇Z·Wᵀ: thin products
@@ -869,12 +875,12 @@ class _NewtonPinvThin(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A, Z, iters, method, nonnegative, options, steps):
+    def forward(ctx, A, Z, iters, method, nonnegative, options, steps, horner):
         m = A.shape[-1]
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
-        W = V @ _apply_factors(*_thin_factors(A3, V, steps, Z3.shape[-1]), Z3)
+        W = V @ _apply_factors(*_thin_factors(A3, V, steps, Z3.shape[-1], horner), Z3)
         W = W[:, :m].reshape(Z.shape)
-        ctx.steps, ctx.pad_to = steps, options['pad_to']
+        ctx.steps, ctx.pad_to, ctx.horner = steps, options['pad_to'], horner
         ctx.save_for_backward(A, V, W)
         return W
 
@@ -887,10 +893,10 @@ class _NewtonPinvThin(torch.autograd.Function):
         G3 = grad_W.reshape(-1, *grad_W.shape[-2:])
         if A3.shape[-1] != m:
             G3 = F.pad(G3, (0, 0, 0, A3.shape[-1] - m))
-        factors = _thin_factors(A3, V, ctx.steps, G3.shape[-1])
+        factors = _thin_factors(A3, V, ctx.steps, G3.shape[-1], ctx.horner)
         grad_Z = _apply_factors(*factors, V.transpose(-1, -2) @ G3, transpose=True)
         grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
-        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None, None
 
 
 class _NewtonPinv(torch.autograd.Function):
@@ -982,11 +988,11 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         method (str): one of ``EXACT_PINV_METHODS``.
         eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
         thin_steps (int): this many of the float32 steps that end the iteration run on
-            the thin Z: at most one m×m product each, one for all of them where Horner's
-            rule costs less, instead of two each (``_NewtonPinvThin``; at most 'tf32''s
-            last float32 steps, every step of 'iterative'; ``check_thin_steps``). With
-            gradients, where that costs less than the formed steps' backward
-            (``_thin_pays_in_training``: large kernels).
+            the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
+            most 'tf32''s last float32 steps, every step of 'iterative';
+            ``check_thin_steps``). With gradients where that costs less than the formed
+            steps (``_thin_pays_in_training``: large kernels), then one m×m product for
+            all of them where Horner's rule on their sum costs less.
         spectral_inference (str): without gradients, how 'spectral' applies its filter to
             a float32 A: 'eigh' (A's eigenvectors, ``eigh_dtype``) or 'tridiagonal'
             (A's tridiagonal form, ``_tridiagonal_apply``; needs SciPy, and T ≥
@@ -1008,7 +1014,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     if thin_steps and (not grad or _thin_pays_in_training(
             thin_steps, -A.shape[-1] // -options['pad_to'] * options['pad_to'], Z.shape[-1],
             A[..., 0, 0].numel())):
-        return _NewtonPinvThin.apply(A, Z, iters, method, nonnegative, options, thin_steps)
+        return _NewtonPinvThin.apply(A, Z, iters, method, nonnegative, options, thin_steps,
+                                     grad)
     return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative, options)
 
 

@@ -13,10 +13,10 @@ changes what is computed, only how (up to float rounding):
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
     thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
-                       are applied to the thin matrix (at most one m×m product each, one
-                       for all of them on large kernels, instead of two each; with
-                       gradients where that costs less than forming them; at most
-                       'tf32''s last float32 steps)
+                       are applied to the thin matrix (one m×m product each instead of
+                       two; with gradients where that costs less than forming them, on
+                       large kernels one for all of them; at most 'tf32''s last float32
+                       steps)
     spectral_inference without gradients, how 'spectral' applies its filter: 'eigh'
                        (eigenvectors) or 'tridiagonal' (A's tridiagonal form, about
                        half an eigendecomposition; needs SciPy; its filter is the
@@ -232,11 +232,24 @@ class AttentionPlan:
 # pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
 #   the iterate of the padded block is the same), 1 elsewhere.
 #
-# thin_steps: CUDA's 4 last float32 steps applied to the thin matrix in inference: 6
-#   float32 m×m products per layer instead of 10 (they run on CUDA cores, ~4.5 TF32
-#   products' time each). 0 elsewhere (not timed: the CPU's large kernels run
-#   'spectral', other devices the formed float32 iterate).
-# - cuda (H100, docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's forward at
+# thin_steps: CUDA's 4 last float32 steps applied to the thin matrix (they run on CUDA
+#   cores, ~4.5 TF32 products' time each). In inference one m×m product each instead
+#   of two: 6 float32 m×m products per layer instead of 10. In a training step at
+#   800×1344 (m = 1056) 4 instead of 10 (X₀, then Horner's rule on the steps' sum, X₀
+#   again in backward: newton._NewtonPinvThin); at 512×512 (m = 256), where launches
+#   cost more than the flops, training forms them (newton._thin_pays_in_training).
+#   0 elsewhere (not timed: the CPU's large kernels run 'spectral', other devices the
+#   formed float32 iterate).
+# - Training: not yet timed on a GPU. On the CPU (2-core AVX2), the 4 steps of 10
+#   kernels of m = 1056, Z of 32 columns, forward and backward: formed 1.33 s, thin by
+#   Horner's rule 0.54 s. Gradients (TF32 emulated, `fidelity.py --size 640x640
+#   --gradients --gradient-images astronaut --paths cuda tf32-1-4-pad32 official`, the
+#   steps thin at every layer) 1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024
+#   and 1156 within 0.23 of the bound, as formed. Inference keeps the steps one by
+#   one: Horner's rule rounds more (SOFT-S's astronaut at 800×1344, CPU, TF32
+#   emulated: worst map 4.9e-6 against 1.5e-6; docs/en/notes/numerics.md).
+# - cuda, inference (H100,
+#   docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's forward at
 #   800×1344, `benchmark.py --device cuda --sections speed --models SOFT-S Swin-T
 #   --sizes 512x512 800x1344 --rounds 5 --skip-official --soft-plans tf32-1-4-pad32`:
 #   96.5 ms against 115.0 ms formed (Swin-T 12.1 ms: 7.95× instead of 9.47×); at

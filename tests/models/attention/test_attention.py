@@ -588,18 +588,18 @@ def _mm_products(fn):
     (dict(method='iterative'), 4, (3, 40)),
     (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (3, 40)),  # CUDA's
     (dict(method='tf32', tf32_float32_steps=(1, 8)), 3, (3, 40)),
-    # large enough for flops to decide (``_thin_costs``): CUDA's 4 steps as X_0, its
-    # next step X_1 and a sum of 8 terms by Horner's rule, thin in training too
+    # large enough for thin steps to pay in training (``_thin_pays_in_training``):
+    # CUDA's 4 steps there as X_0, its next step X_1 and Horner's rule for the last 3
     (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (8, 500)),
 ])
 def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
     """The last L steps applied to the thin matrix compute the formed iterate times Z,
     and its Eq. 16 gradients, exactly so in float64 (where 'tf32' runs every step in
-    float64), with fewer m×m products: at most L for those steps instead of 2L (X_0 and
-    the X_k after it; thin products apply them, or Horner's rule their sum where that
-    costs less, ``_thin_costs``). With gradients they run thin where that costs less
-    than forming them (large kernels; backward recomputes those m×m products and
-    applies the steps thin), else formed (backward applies the saved iterate)."""
+    float64). Without gradients with L m×m products for those steps instead of 2L, one
+    by one at every size. With gradients where that costs less than forming them (large
+    kernels; else formed, backward applying the saved iterate): then with fewer m×m
+    products still where Horner's rule on the steps' sum costs less, recomputed in
+    backward, the iterate never formed."""
     b, m = shape
     A = gaussian_kernel_matrix(m, batch=(b, ), scale=0.3)
     Z = torch.randn(b, m, 8, dtype=torch.float64)
@@ -613,27 +613,34 @@ def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
         counted = _mm_products(
             lambda: newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs))
     assert relative_deviation(thin, ref) < 1e-12
-    assert formed[0] - counted[0] >= steps
-    large = m == 500
-    if large:  # X_0 and X_1 for the 4 steps, Horner's rule for the last 3
-        assert formed[0] - counted[0] == 2 * steps - 2
-        assert counted[1] - formed[1] == 1 + 2**3 - 1
+    assert formed[0] - counted[0] == steps  # one m×m product fewer per thin step
+    assert counted[1] - formed[1] == steps  # (2I - X)·W each, V·W instead of Y·Z
     A_thin, Z_thin = A.clone().requires_grad_(), Z.clone().requires_grad_()
-    W = newton_pinv_apply(A_thin, Z_thin, nonnegative=True, thin_steps=steps, **kwargs)
+    W = []
+    training = _mm_products(lambda: W.append(newton_pinv_apply(
+        A_thin, Z_thin, nonnegative=True, thin_steps=steps, **kwargs)))
+    W = W[0]
     assert relative_deviation(W.detach(), ref.detach()) < 1e-12
     backward = _mm_products(lambda: W.backward(grad))
-    # thin: X_0 and the X_k after it again; formed: none (the iterate is saved)
-    assert backward[0] == (counted[0] - (formed[0] - 2 * steps) if large else 0)
+    if m == 500:  # X_0 and X_1 for the 4 steps, 1 + 7 thin products, both again backward
+        assert (formed[0] - training[0], training[1] - formed[1]) == (2 * steps - 2, 1 + 7)
+        assert backward[0] == 2
+    else:  # formed, as the iterate saved for backward
+        assert training == formed and backward[0] == 0
     assert relative_deviation(A_thin.grad, A_ref.grad) < 1e-12
     assert relative_deviation(Z_thin.grad, Z_ref.grad) < 1e-12
 
 
 def test_thin_steps_take_the_fewest_flops_or_launches():
-    """CUDA's 4 thin steps at SOFT-S's m = 1056 (padded) and d = 32, 2 heads of stage 1:
-    one sum by Horner's rule (15 thin products, the flops of half an m×m product,
-    against 3 m×m and 4 thin ones step by step). At 512×512 (m = 256) every product is
-    below a launch's worth of flops, and the steps one by one take the fewest (7, not 15);
-    for a Z as wide as A (n = m) too."""
+    """In training, CUDA's 4 thin steps at SOFT-S's m = 1056 (padded) and d = 32, 2 heads
+    of stage 1: one sum by Horner's rule (15 thin products, the flops of half an m×m
+    product, against 3 m×m and 4 thin ones step by step), and thin rather than formed.
+    At 512×512 (m = 256) every product is below a launch's worth of flops: the steps
+    one by one take the fewest (7, not 15), and forming them fewer still. For a Z as wide
+    as A (n = m) one by one too."""
+    from mmsoft.models.attention.newton import _thin_pays_in_training
+    assert _thin_pays_in_training(4, 1056, 32, b=2)
+    assert not _thin_pays_in_training(4, 256, 32, b=2)
     from mmsoft.models.attention.newton import _horner_steps
     assert _horner_steps(4, 1056, 32, b=2) == 4
     assert _horner_steps(4, 256, 32, b=2) == 0
