@@ -2,10 +2,11 @@
 mmsoft/models/attention/plan.py), one section per field:
 
   pinv    the batched 20-step pseudo-inverse alone, by landmark count m, by method (the
-          formed iterate, A⁺·Z as inference computes it, the thin application, eigh in
-          float64 and float32, on CUDA the TF32 schedules), also on A zero-padded to
-          aligned sizes: decides ``pinv``, ``eigh_dtype``, ``tf32_float32_steps`` and
-          ``pinv_pad``
+          formed iterate, A⁺·Z as inference computes it and with its backward as
+          training does, the thin application, eigh in float64 and float32, on CUDA
+          the TF32 schedules), also on A zero-padded to aligned sizes: decides
+          ``pinv``, ``eigh_dtype``, ``tf32_float32_steps``, ``pinv_pad`` and
+          ``thin_steps``
   matmul  the rate of one m×m product in float32, TF32 and split TF32: whether TF32
           reaches the tensor cores
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
@@ -34,6 +35,18 @@ def _pinv_applied(A, Z, pad_to=1, **kwargs):
     return newton_pinv_apply(A, Z, nonnegative=True, pad_to=pad_to, **kwargs)
 
 
+def _pinv_trained(A, Z, pad_to=1, **kwargs):
+    """A⁺·Z and its backward (Eq. 16, with ∇W = Z), as a training step computes them
+    (padding as above): with ``thin_steps``, thin where that costs less than forming the
+    steps (``newton._thin_pays_in_training``)."""
+    from mmsoft.models.attention import newton_pinv_apply
+    with torch.enable_grad():
+        A = A.detach().requires_grad_()
+        W = newton_pinv_apply(A, Z, nonnegative=True, pad_to=pad_to, **kwargs)
+        W.backward(Z)
+    return W.detach()
+
+
 def _pinv_formed(A, Z, pad_to=1, **kwargs):
     """The formed iterate, as training keeps it for backward (padding as above)."""
     from mmsoft.models.attention import newton_pinv
@@ -47,6 +60,9 @@ def pinv_columns(args):
         'iterative': partial(_pinv_formed, method='iterative'),
         'iterative, applied': partial(_pinv_applied, method='iterative'),
         'iterative, thin': partial(_pinv_applied, method='iterative', thin_steps=20),
+        'iterative, training': partial(_pinv_trained, method='iterative'),
+        'iterative, last 4 thin, training': partial(_pinv_trained, method='iterative',
+                                                    thin_steps=4),
         'spectral, eigh float64': partial(_pinv_applied, method='spectral',
                                           eigh_dtype='float64'),
         'spectral, eigh float32': partial(_pinv_applied, method='spectral',
@@ -62,6 +78,11 @@ def pinv_columns(args):
                 cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin'] = partial(
                     _pinv_applied, method='tf32', tf32_float32_steps=(first, last),
                     thin_steps=last)
+                cols[f'tf32 {first}+{20 - first - last}+{last}, training'] = partial(
+                    _pinv_trained, method='tf32', tf32_float32_steps=(first, last))
+                cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin, '
+                     'training'] = partial(_pinv_trained, method='tf32',
+                                           tf32_float32_steps=(first, last), thin_steps=last)
         cols['tf32x3, applied'] = partial(_pinv_applied, method='tf32x3')
     k = args.pinv_pad
     if k > 1:  # the iterations again on sizes padded to a multiple of k
@@ -93,7 +114,9 @@ def section_pinv(args, out):
                  "computes it (the formed iterate times Z); 'thin' applies the T steps to "
                  "Z (T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
                  "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps; "
-                 "'last L thin': those L applied to Z (L m×m products instead of 2L).")
+                 "'last L thin': those L applied to Z (L m×m products instead of 2L); "
+                 "'training': A⁺·Z and its backward (Eq. 16), thin where that costs less "
+                 "than forming the steps.")
     if args.pinv_pad > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of "
                      f'{args.pinv_pad} (the same iterate on its block; aligned sizes for '

@@ -291,8 +291,8 @@ def test_memory_section_rows_and_ratios_to_swin(monkeypatch):
 
 def test_pinv_columns_compute_the_same_iterate():
     """Every column of the pinv section (the padded ones cut back to m, also where the
-    padded size equals Z's width: m = 25 -> 32, 32 columns) computes the formed iterate
-    (times Z), in float64 up to rounding."""
+    padded size equals Z's width: m = 25 -> 32, 32 columns; the training ones with their
+    backward) computes the formed iterate (times Z), in float64 up to rounding."""
     import torch
 
     from mmsoft.benchmark.plan import pinv_columns
@@ -305,7 +305,9 @@ def test_pinv_columns_compute_the_same_iterate():
     assert {'iterative, m padded to ×8', 'iterative, thin, m padded to ×8'} <= set(cols)
     # CUDA's columns too (a float64 A runs 'tf32''s steps in float64 here)
     cuda = pinv_columns(argparse.Namespace(device='cuda', pinv_pad=8, tf32_schedules=[(1, 2)]))
-    assert 'tf32 1+17+2, last 2 thin, m padded to ×8' in cuda
+    assert {'tf32 1+17+2, last 2 thin, m padded to ×8',
+            'tf32 1+17+2, last 2 thin, training'} <= set(cuda)
+    assert 'iterative, last 4 thin, training' in cols
     cols.update(cuda)
     for name, fn in cols.items():
         with torch.no_grad():

@@ -240,22 +240,24 @@ class AttentionPlan:
 #   cost more than the flops, training forms them (newton._thin_pays_in_training).
 #   0 elsewhere (not timed: the CPU's large kernels run 'spectral', other devices the
 #   formed float32 iterate).
-# - Training: not yet timed on a GPU. On the CPU (2-core AVX2), the 4 steps of 10
-#   kernels of m = 1056, Z of 32 columns, forward and backward: formed 1.33 s, thin by
-#   Horner's rule 0.54 s. Gradients (TF32 emulated, `fidelity.py --size 640x640
-#   --gradients --gradient-images astronaut --paths cuda tf32-1-4-pad32 official`, the
-#   steps thin at every layer) 1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024
-#   and 1156 within 0.23 of the bound, as formed. Inference keeps the steps one by
-#   one: Horner's rule rounds more (SOFT-S's astronaut at 800×1344, CPU, TF32
-#   emulated: worst map 4.9e-6 against 1.5e-6; docs/en/notes/numerics.md).
-# - cuda, inference (H100,
-#   docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's forward at
-#   800×1344, `benchmark.py --device cuda --sections speed --models SOFT-S Swin-T
-#   --sizes 512x512 800x1344 --rounds 5 --skip-official --soft-plans tf32-1-4-pad32`:
+# - Training: not yet timed on a GPU. On the CPU (2-core AVX2), `benchmark.py
+#   --sections pinv --pinv-sizes 1050 --pinv-pad 1 --repeat 1`, the float32 iterate of
+#   20 kernels with backward: formed 17.5 s, the last 4 thin 14.9 s; the 4 steps alone
+#   (10 kernels of m = 1056, Z of 32 columns): formed 1.33 s, Horner's rule 0.54 s.
+#   Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients --gradient-images
+#   astronaut --paths cuda tf32-1-4-pad32 official`, the steps thin at every layer)
+#   1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024 and 1156 within 0.23 of the
+#   bound, as formed. Inference keeps the steps one by one: Horner's rule rounds more
+#   (SOFT-S's astronaut at 800×1344, CPU, TF32 emulated: worst map 4.9e-6 against
+#   1.5e-6; docs/en/notes/numerics.md).
+# - cuda, inference (H100, docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's
+#   forward at 800×1344, `benchmark.py --device cuda --sections speed --models SOFT-S
+#   Swin-T --sizes 512x512 800x1344 --rounds 5 --skip-official --soft-plans
+#   tf32-1-4-pad32`:
 #   96.5 ms against 115.0 ms formed (Swin-T 12.1 ms: 7.95× instead of 9.47×); at
 #   512×512 28.6 against 30.1 ms. The profile at 800×1344: the float32 m×m products
 #   29.4 ms in 66 launches against 49.1 ms in 110; the TF32 ones 32.7 ms either way.
-#   Training forms the iterate (362 ms either way). The floor on CUDA
+#   Training then formed the iterate (362 ms either way). The floor on CUDA
 #   (`tools/analysis_tools/fidelity.py --device cuda --size S --paths official default
 #   tf32-1-4-pad32`, 7 images, worst map; and the device report's fidelity step):
 #   384×640 4.3e-6 (formed 4.3e-6, the official order 4.3e-6), 640×640 4.1e-6 (4.0e-6,
