@@ -242,9 +242,8 @@ class AttentionPlan:
 #   formed float32 iterate).
 # - Training: not yet timed on a GPU. On the CPU (2-core AVX2), `benchmark.py
 #   --sections pinv --pinv-sizes 1050 --pinv-pad 1 --repeat 1`, the float32 iterate of
-#   20 kernels with backward: formed 17.5 s, the last 4 thin 14.9 s; the 4 steps alone
-#   (10 kernels of m = 1056, Z of 32 columns): formed 1.33 s, Horner's rule 0.54 s.
-#   Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients --gradient-images
+#   20 kernels with backward: formed 17.5 s, the last 4 thin 14.9 s (34 m×m products
+#   instead of 40). Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients --gradient-images
 #   astronaut --paths cuda tf32-1-4-pad32 official`, the steps thin at every layer)
 #   1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024 and 1156 within 0.23 of the
 #   bound, as formed. Inference keeps the steps one by one: Horner's rule rounds more
