@@ -759,7 +759,7 @@ def _thin_costs(steps, m, n, b=1):
 
 
 def _horner_steps(steps, m, n, b=1):
-    """How many of the L thin steps (the last ones) ``_thin_factors`` applies as one
+    """How many of the L thin steps (the last ones) ``_thin_apply`` applies as one
     polynomial by Horner's rule (``_thin_costs``)."""
     return _thin_costs(steps, m, n, b)[0]
 
@@ -797,42 +797,32 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     return A3, V, Z3
 
 
-def _thin_factors(A3, V, steps, n, horner):
-    """The L = ``steps`` thin steps' factors after V (``_NewtonPinvThin``): X_0 = A·V and
-    its steps X_{k+1} = 2X_k - X_k² for the first L - h steps (applied one by one), and
-    R = I - X_{L-h} for the last h (applied as one polynomial; ``_horner_steps``; h = 0
-    unless ``horner``). Returns (X_0, ..., X_{L-h-1}), R or None (h = 0), h.
+def _thin_apply(A3, V, steps, W, horner, transpose=False):
+    """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps after V
+    (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 = A·V,
+    X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps by Horner's rule,
+    W + R·(W + R·(···)) (``_horner_steps``; h = 0 unless ``horner``). The factors are
+    polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
+    one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n).
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k
     would double R's rounding at every step (2^k·u on x_k's scale: 4e-3 in float32
     after 16)."""
-    h = _horner_steps(steps, A3.shape[-1], n, A3.shape[0]) if horner else 0
-    X = A3 @ V  # X_0, one m×m product
-    single = []
-    for k in range(steps - h):
-        single.append(X)
-        if k + 1 < steps:
-            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
-    if not h:
-        return tuple(single), None, h
-    return tuple(single), torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X, h
-
-
-def _apply_factors(single, R, h, W, transpose=False):
-    """S·W for the thin steps' factor S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j
-    (``_thin_factors``), or Sᵀ·W: thin products only. The factors are polynomials in X_0,
-    so they commute and apply in any order; Horner's rule W + R·(W + R·(···)) sums the
-    last one."""
     def t(x):
         return x.transpose(-1, -2) if transpose else x
 
-    for X in single:
+    h = _horner_steps(steps, A3.shape[-1], W.shape[-1], A3.shape[0]) if horner else 0
+    X = A3 @ V  # X_0, one m×m product
+    for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
+        if k + 1 < steps:
+            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
     if h:
-        Rt, T = t(R), W
+        R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
+        T = W
         for _ in range(2**h - 1):
-            T = torch.baddbmm(W, Rt, T)
+            T = torch.baddbmm(W, R, T)
         W = T
     return W
 
@@ -878,7 +868,7 @@ class _NewtonPinvThin(torch.autograd.Function):
     def forward(ctx, A, Z, iters, method, nonnegative, options, steps, horner):
         m = A.shape[-1]
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
-        W = V @ _apply_factors(*_thin_factors(A3, V, steps, Z3.shape[-1], horner), Z3)
+        W = V @ _thin_apply(A3, V, steps, Z3, horner)
         W = W[:, :m].reshape(Z.shape)
         ctx.steps, ctx.pad_to, ctx.horner = steps, options['pad_to'], horner
         ctx.save_for_backward(A, V, W)
@@ -893,8 +883,8 @@ class _NewtonPinvThin(torch.autograd.Function):
         G3 = grad_W.reshape(-1, *grad_W.shape[-2:])
         if A3.shape[-1] != m:
             G3 = F.pad(G3, (0, 0, 0, A3.shape[-1] - m))
-        factors = _thin_factors(A3, V, ctx.steps, G3.shape[-1], ctx.horner)
-        grad_Z = _apply_factors(*factors, V.transpose(-1, -2) @ G3, transpose=True)
+        grad_Z = _thin_apply(A3, V, ctx.steps, V.transpose(-1, -2) @ G3, ctx.horner,
+                             transpose=True)
         grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None, None
 
