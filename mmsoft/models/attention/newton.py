@@ -775,16 +775,23 @@ def _thin_pays_in_training(steps, m, n, b=1):
     return 2 * (square + steps_cost + thin) < 2 * steps * square + 2 * thin
 
 
-def _thin_start(A, Z, iters, method, nonnegative, options, steps):
-    """The iterate ``steps`` steps before the end, formed by ``method``'s schedule, on A
-    padded to ``pad_to``: (A3, V, Z3), flat batch (b, m', m'), (b, m', m'), (b, m', n)."""
+def _flat_padded(A, Z, pad_to):
+    """A (..., m, m) and Z (..., m, n) with one flat batch dimension, zero-padded to a
+    multiple of ``pad_to`` landmarks (``_padded``): (b, m', m'), (b, m', n)."""
     m = A.shape[-1]
-    alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
-    A3 = _padded(A, options['pad_to'])
-    A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
+    A3 = _padded(A, pad_to)
+    A3 = A3.reshape(-1, *A3.shape[-2:])
     Z3 = Z.reshape(-1, *Z.shape[-2:])
     if A3.shape[-1] != m:
         Z3 = F.pad(Z3, (0, 0, 0, A3.shape[-1] - m))
+    return A3, Z3
+
+
+def _thin_start(A, Z, iters, method, nonnegative, options, steps):
+    """The iterate ``steps`` steps before the end, formed by ``method``'s schedule, on A
+    padded to ``pad_to``: (A3, V, Z3), flat batch (b, m', m'), (b, m', m'), (b, m', n)."""
+    alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
+    A3, Z3 = _flat_padded(A, Z, options['pad_to'])
     V = alpha * A3
     left = steps  # the float32 steps at the schedule's end that are applied thin
     formed = []
@@ -797,11 +804,11 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     return A3, V, Z3
 
 
-def _thin_apply(A3, V, steps, W, horner, transpose=False):
+def _thin_apply(A3, V, steps, W, h, transpose=False):
     """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps after V
     (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 = A·V,
     X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps by Horner's rule,
-    W + R·(W + R·(···)) (``_horner_steps``; h = 0 unless ``horner``). The factors are
+    W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors are
     polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
     one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n).
 
@@ -812,7 +819,6 @@ def _thin_apply(A3, V, steps, W, horner, transpose=False):
     def t(x):
         return x.transpose(-1, -2) if transpose else x
 
-    h = _horner_steps(steps, A3.shape[-1], W.shape[-1], A3.shape[0]) if horner else 0
     X = A3 @ V  # X_0, one m×m product
     for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
@@ -868,9 +874,10 @@ class _NewtonPinvThin(torch.autograd.Function):
     def forward(ctx, A, Z, iters, method, nonnegative, options, steps, horner):
         m = A.shape[-1]
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
-        W = V @ _thin_apply(A3, V, steps, Z3, horner)
+        h = _horner_steps(steps, A3.shape[-1], Z3.shape[-1], A3.shape[0]) if horner else 0
+        W = V @ _thin_apply(A3, V, steps, Z3, h)
         W = W[:, :m].reshape(Z.shape)
-        ctx.steps, ctx.pad_to, ctx.horner = steps, options['pad_to'], horner
+        ctx.steps, ctx.pad_to, ctx.h = steps, options['pad_to'], h
         ctx.save_for_backward(A, V, W)
         return W
 
@@ -878,12 +885,8 @@ class _NewtonPinvThin(torch.autograd.Function):
     def backward(ctx, grad_W):
         A, V, W = ctx.saved_tensors
         m = A.shape[-1]
-        A3 = _padded(A, ctx.pad_to)
-        A3 = A3.reshape(-1, *A3.shape[-2:])
-        G3 = grad_W.reshape(-1, *grad_W.shape[-2:])
-        if A3.shape[-1] != m:
-            G3 = F.pad(G3, (0, 0, 0, A3.shape[-1] - m))
-        grad_Z = _thin_apply(A3, V, ctx.steps, V.transpose(-1, -2) @ G3, ctx.horner,
+        A3, G3 = _flat_padded(A, grad_W, ctx.pad_to)
+        grad_Z = _thin_apply(A3, V, ctx.steps, V.transpose(-1, -2) @ G3, ctx.h,
                              transpose=True)
         grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None, None

@@ -243,10 +243,10 @@ class AttentionPlan:
 # - Training: not yet timed on a GPU. On the CPU (2-core AVX2), `benchmark.py
 #   --sections pinv --pinv-sizes 1050 --pinv-pad 1 --repeat 1`, the float32 iterate of
 #   20 kernels with backward: formed 17.5 s, the last 4 thin 14.9 s (34 m×m products
-#   instead of 40). Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients --gradient-images
-#   astronaut --paths cuda tf32-1-4-pad32 official`, the steps thin at every layer)
-#   1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024 and 1156 within 0.23 of the
-#   bound, as formed. Inference keeps the steps one by one: Horner's rule rounds more
+#   instead of 40). Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients
+#   --gradient-images astronaut --paths cuda tf32-1-4-pad32 official`, the steps thin at
+#   every layer) 1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024 and 1156 within
+#   0.23 of the bound, as formed. Inference keeps the steps one by one: Horner's rule rounds more
 #   (SOFT-S's astronaut at 800×1344, CPU, TF32 emulated: worst map 4.9e-6 against
 #   1.5e-6; docs/en/notes/numerics.md).
 # - cuda, inference (H100, docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's

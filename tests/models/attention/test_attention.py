@@ -638,10 +638,9 @@ def test_thin_steps_take_the_fewest_flops_or_launches():
     At 512×512 (m = 256) every product is below a launch's worth of flops: the steps
     one by one take the fewest (7, not 15), and forming them fewer still. For a Z as wide
     as A (n = m) one by one too."""
-    from mmsoft.models.attention.newton import _thin_pays_in_training
+    from mmsoft.models.attention.newton import _horner_steps, _thin_pays_in_training
     assert _thin_pays_in_training(4, 1056, 32, b=2)
     assert not _thin_pays_in_training(4, 256, 32, b=2)
-    from mmsoft.models.attention.newton import _horner_steps
     assert _horner_steps(4, 1056, 32, b=2) == 4
     assert _horner_steps(4, 256, 32, b=2) == 0
     assert _horner_steps(4, 1056, 1056, b=2) == 0
