@@ -295,16 +295,29 @@ def _kernel_once(q, lm, v, w):
 
 def _kernel_chunked(device, chunk, train, q, lm, v, w):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), with backward if ``train``."""
-    from mmsoft.models.attention import kernel_matmul
+    forced for this device type), with backward if ``train``: then as training runs
+    them, W = κᵀ·V through one function for both (``kernel_attention``, the middle left
+    out)."""
+    from mmsoft.models.attention import kernel_attention, kernel_matmul
     with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None,
                         device=torch.device(device).type), torch.set_grad_enabled(train):
-        z = kernel_matmul(q, lm, v, transpose=True)
-        out = kernel_matmul(q, lm, w)
         if train:
-            (z.sum() + out.sum()).backward()
-            for t in (q, lm, v, w):
+            kernel_attention(q, lm, v, lambda _, z: z).sum().backward()
+            for t in (q, lm, v):
                 t.grad = None
+        else:
+            kernel_matmul(q, lm, v, transpose=True)
+            kernel_matmul(q, lm, w)
+
+
+def _kernel_two_functions(q, lm, v):
+    """κᵀ·V, then κ·W with W = κᵀ·V, forward and backward, each product its own function
+    (``kernel_matmul``, as under torch.compile), at the plan's chunk."""
+    from mmsoft.models.attention import kernel_matmul
+    z = kernel_matmul(q, lm, v, transpose=True)
+    kernel_matmul(q, lm, z).sum().backward()
+    for t in (q, lm, v):
+        t.grad = None
 
 
 def section_kernel(args, out):
@@ -319,11 +332,13 @@ def section_kernel(args, out):
                 train = step == 'train'
                 q, v = (_head_tokens(args, B, hw, h, d) * 0.3 for _ in range(2))
                 lm, w = (torch.randn(B, h, m, d, device=args.device) * 0.3 for _ in range(2))
-                tensors = [t.requires_grad_(train) for t in (q, lm, v, w)]
+                tensors = [t.requires_grad_(train) for t in (q, lm, v)] + [w]
                 fns = {} if train else {'once': partial(_kernel_once, *tensors)}
                 for c in KERNEL_CHUNKS:
                     fns[f'2^{c}'] = partial(_kernel_chunked, args.device, 2**c, train,
                                             *tensors)
+                if train:
+                    fns['two functions'] = partial(_kernel_two_functions, *tensors[:3])
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -332,7 +347,7 @@ def section_kernel(args, out):
         for name, fns in cases.items():
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
-    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS]
+    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['two functions']
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -342,7 +357,9 @@ def section_kernel(args, out):
     out['kernel'] = rows
     lines.append(f'\nMedian of {args.rounds} round(s), all variants in turn. inference: κᵀ·V '
                  'and κ·W with P formed once, or in row chunks of 2^k elements (P made '
-                 "twice); train: the same with backward (P recomputed chunk by chunk). The "
-                 f"plan's kernel_chunk on {args.device}: the fastest chunk; its "
-                 'kernel_once_up_to: up to which size of P once wins.')
+                 'twice); train: κᵀ·V, then κ·W with W = κᵀ·V, with backward (P recomputed '
+                 'chunk by chunk), as training runs them: one function for both products, '
+                 "and each its own ('two functions', at the plan's chunk: as under "
+                 f"torch.compile). The plan's kernel_chunk on {args.device}: the fastest "
+                 'chunk; its kernel_once_up_to: up to which size of P once wins.')
     return lines

@@ -53,7 +53,7 @@ def test_benchmark_sections(tmp_path, capsys):
     assert len(kernel) == 6 and plan_for('cpu') == plan  # the plan in force as before
     for name, row in kernel.items():
         chunks = {f'2^{c}' for c in KERNEL_CHUNKS}
-        assert set(row) == (chunks if ' train ' in name else chunks | {'once'}), name
+        assert set(row) == chunks | ({'two functions'} if ' train ' in name else {'once'}), name
         assert all(t > 0 for t in row.values())
     for row in res['speed'].values():
         assert row['64x64'] > 0
@@ -420,24 +420,35 @@ def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
 
 def test_kernel_section_forces_each_chunk(monkeypatch):
     """The kernel section times every chunk size through the plan (``kernel_chunk`` forced
-    for the device type inside each call), and leaves the plan in force as it was."""
+    for the device type inside each call), in training through the one function training
+    runs, and leaves the plan in force as it was."""
+    import torch
     from mmsoft.benchmark import plan as plan_sections
     from mmsoft.models import attention
     from mmsoft.models.attention import PLANS, plan_for
-    seen, kernel_matmul = set(), attention.kernel_matmul
+    seen = {'kernel_matmul': set(), 'kernel_attention': set()}
 
-    def recording(q, *args, **kwargs):
-        p = plan_for(q.device.type)
-        seen.add((p.kernel_chunk, p.kernel_once_up_to))
-        return kernel_matmul(q, *args, **kwargs)
+    def recording(name):
+        fn = getattr(attention, name)
 
-    monkeypatch.setattr(attention, 'kernel_matmul', recording)
+        def call(q, *args, **kwargs):
+            p = plan_for(q.device.type)
+            seen[name].add((p.kernel_chunk, p.kernel_once_up_to, torch.is_grad_enabled()))
+            return fn(q, *args, **kwargs)
+        return call
+
+    for name in seen:
+        monkeypatch.setattr(attention, name, recording(name))
     before = plan_for('cpu')
     args = argparse.Namespace(device='cpu', sizes=['64x64'], train_batch=1, rounds=1)
     out = {}
     plan_sections.section_kernel(args, out)
-    # inside: each chunk, and P never formed whole; the CPU plan says otherwise
-    assert seen == {(2**c, None) for c in plan_sections.KERNEL_CHUNKS}
+    # inside: each chunk, and P never formed whole; the CPU plan says otherwise. Training
+    # through one function, and through two at the plan's chunk ('two functions')
+    chunks = {(2**c, None) for c in plan_sections.KERNEL_CHUNKS}
+    assert seen['kernel_attention'] == {(*c, True) for c in chunks}
+    own = (PLANS['cpu'].kernel_chunk, PLANS['cpu'].kernel_once_up_to, True)
+    assert seen['kernel_matmul'] == {(*c, False) for c in chunks} | {own}
     assert PLANS['cpu'].kernel_once_up_to is not None
     assert plan_for('cpu') == before == PLANS['cpu']
     assert len(out['kernel']) == 6

@@ -4,6 +4,7 @@ SOFT (TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``gaussian_kernel``      κ(a, b) = exp(-||a - b||² / 2) between two token sets
     ``kernel_features``      [a, |a|², -1/2] and [b, -1/2, |b|²]: κ = exp(min(â·b̂ᵀ, 0))
     ``kernel_matmul``        κ(q, l)·w or κ(q, l)ᵀ·w, κ recomputed in backward (not kept)
+    ``kernel_attention``     κ(q, l)·f(l, κ(q, l)ᵀ·v): both products, one backward
     ``newton_pinv``          Moore–Penrose inverse by Newton–Raphson iteration, per matrix
     ``newton_pinv_apply``    A⁺·Z for a thin Z ('spectral' never forms A⁺)
     ``regularized_apply``    fast mode: a Tikhonov solve standing in for the iterate
@@ -33,13 +34,13 @@ from .newton import (EXACT_PINV_METHODS, newton_alpha, newton_pinv, newton_pinv_
 from .plan import (DEFAULT_PLAN, PINV_METHODS, PLANS, AttentionPlan, attention_plan, plan_for,
                    resolve_pinv_method)
 from .sima import sima_attention
-from .soft import (gaussian_kernel, kernel_features, kernel_matmul, official_order_attention,
-                   soft_attention)
+from .soft import (gaussian_kernel, kernel_attention, kernel_features, kernel_matmul,
+                   official_order_attention, soft_attention)
 
 __all__ = [
     'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PINV_METHODS', 'PLANS', 'AttentionPlan',
-    'attention_plan', 'compute_dtype', 'device_type', 'gaussian_kernel', 'kernel_features',
-    'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
+    'attention_plan', 'compute_dtype', 'device_type', 'gaussian_kernel', 'kernel_attention',
+    'kernel_features', 'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error',
     'normalize_inverse', 'official_order_attention', 'plan_for', 'regularized_apply',
     'resolve_pinv_method', 'round_tf32', 'sima_attention', 'soft_attention', 'truncate_tf32'
 ]

@@ -2,11 +2,13 @@
 
 P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the network (282 MB
 per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
-kept for backward: ``kernel_matmul`` computes its products in row chunks and recomputes
-P in its backward, so training memory holds only the thin Q, Q̃, V and W. Without
-gradients P is formed once, or, where the device's plan says so for large P
-(``plan.py``), its products are also computed in row chunks (P computed twice, never
-whole).
+kept for backward: its products are computed in row chunks and P is recomputed in
+backward, so training memory holds only the thin Q, Q̃, V and W. Both products and the
+m-sized middle are one autograd function there (``kernel_attention``), whose backward
+forms one G = ∇P ⊙ P for both; under ``torch.compile`` each product is its own
+(``kernel_matmul``). Without gradients P is formed once, or, where the device's plan
+says so for large P (``plan.py``), its products are also computed in row chunks (P
+computed twice, never whole).
 
 Every P (or chunk of it) is one product of the thin kernel features
 (``kernel_features``, made once per attention; where inference forms P whole, the
@@ -14,15 +16,17 @@ landmarks' features serve both P and the m×m kernel A), clamped and exponentiat
 place: three passes over an N×m tensor and no copies, in training too, where the
 products with the features also give the norms' gradients (``_KernelMatmul``).
 """
+from functools import partial
+
 import torch
 
-from .dtypes import autocast_dtype, compute_dtype, device_type
+from .dtypes import autocast_dtype, compute_dtype, device_type, is_compiling
 from .newton import newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply
 from .plan import plan_for
 
 __all__ = [
-    'gaussian_kernel', 'kernel_features', 'kernel_matmul', 'official_order_attention',
-    'soft_attention'
+    'gaussian_kernel', 'kernel_attention', 'kernel_features', 'kernel_matmul',
+    'official_order_attention', 'soft_attention'
 ]
 
 def kernel_features(x, right=False):
@@ -166,6 +170,84 @@ class _KernelMatmul(torch.autograd.Function):
                 None, None, None)
 
 
+# Whether the running backward keeps its graph (``retain_graph=True``), so that
+# ``_KernelAttention`` frees its middle's graph with its own. Torch without it: the
+# kernel products keep their own Functions (``soft_attention``).
+_KEEP_GRAPH = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
+
+
+class _KernelAttention(torch.autograd.Function):
+    """P·f(l̃, Pᵀ·V) for P = κ(q, l) in row chunks, f the m-sized middle (A, D^-1/2 and
+    A⁺ applied: ``_apply_inverse``), with one backward for both kernel products.
+
+    Two ``_KernelMatmul`` calls would each recompute P in backward and form their own G
+    (∇P ⊙ P) and its two products with the features. Here backward's first pass over P
+    gives ∇W = Pᵀ·∇out; autograd then takes it through f (a graph built in forward on
+    detached copies of l̃ and Z, so f's saved tensors are f's own, as before) to ∇Z and
+    ∇l̃; the second pass gives ∇V = P·∇Z and one G = ([∇out, V]·[W, ∇Z]ᵀ) ⊙ P for both
+    products (the sum of their two G, as one product of twice the depth), then
+    ∇q̂ = G·l̂, ∇l̂ = Gᵀ·q̂. Per row chunk, backward evaluates P twice, as before, and then
+    runs 5 products with it and one ⊙ P instead of 8 and 2.
+
+    Saved for backward: q, l, v, W (tensors the layer keeps anyway) and f's graph;
+    l̃ is the landmarks in f's dtype (``compute_dtype``), l the landmarks in q's.
+    """
+
+    @staticmethod
+    def forward(ctx, q, l, v, lm, middle, chunk, fq, fl):
+        chunks = _row_chunks(fq, fl, chunk)
+        v3, Z = _flat(v), None
+        for i, j in chunks:  # Z = Pᵀ·V: (b, m, d)
+            Z = _add_product(Z, _kernel(fq[:, i:j], fl).transpose(-1, -2), v3[:, i:j])
+        with torch.enable_grad():
+            lm_in = lm.detach().requires_grad_(ctx.needs_input_grad[3])
+            z_in = Z.view(*v.shape[:-2], *Z.shape[-2:]).to(lm.dtype).requires_grad_()
+            w_out = middle(lm_in, z_in)
+        W = w_out.detach().to(q.dtype)
+        out = _cat_rows([_kernel(fq[:, i:j], fl) @ _flat(W) for i, j in chunks])
+        ctx.save_for_backward(q, l, v, W)
+        ctx.chunk, ctx.middle = chunk, (lm_in, z_in, w_out)
+        return out.view(*q.shape[:-2], *out.shape[-2:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, l, v, W = ctx.saved_tensors
+        lm_in, z_in, w_out = ctx.middle
+        need_q, need_l, need_v, need_lm = ctx.needs_input_grad[:4]
+        fq, fl = _features_of(q, l)
+        v3, w3, grad = _flat(v), _flat(W), _flat(grad)
+        chunks = _row_chunks(fq, fl, ctx.chunk)
+        grad_w = None  # first pass: ∇W = Pᵀ·∇out
+        for i, j in chunks:
+            grad_w = _add_product(grad_w, _kernel(fq[:, i:j], fl).transpose(-1, -2),
+                                  grad[:, i:j])
+        wrt = [z_in] + ([lm_in] if need_lm else [])
+        with torch.enable_grad():  # f's graph kept as long as this backward keeps its own
+            grads = torch.autograd.grad(w_out, wrt, grad_w.view(w_out.shape).to(w_out.dtype),
+                                        retain_graph=_KEEP_GRAPH(), allow_unused=True)
+        grad_z = _flat(grads[0]).to(q.dtype)
+        grad_lm = grads[1] if need_lm else None
+        left = torch.cat([grad, v3], -1)  # [∇out, V]: (b, N, 2d)
+        right = torch.cat([w3, grad_z], -1)  # [W, ∇Z]: (b, m, 2d)
+        grad_fq, grad_v_rows, grad_fl = [], [], None
+        for i, j in chunks:  # second pass: ∇V = P·∇Z, one G for both products
+            P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
+            if need_v:
+                grad_v_rows.append(P @ grad_z)
+            if need_q or need_l:
+                G = torch.bmm(left[:, i:j], right.transpose(-1, -2)).mul_(P)
+                if need_q:
+                    grad_fq.append(G @ fl)
+                if need_l:
+                    grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
+        grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
+        grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
+        grad_v = _cat_rows(grad_v_rows).view(v.shape) if need_v else None
+        if grad_lm is not None:
+            grad_lm = grad_lm.to(lm_in.dtype)
+        return grad_q, grad_l, grad_v, grad_lm, None, None, None, None
+
+
 def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
     """κ(q, landmarks)·w, or κ(q, landmarks)ᵀ·w, without keeping κ for backward.
 
@@ -184,15 +266,49 @@ def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
                                *_features_of(q, landmarks))
 
 
+def kernel_attention(q, landmarks, v, middle, lm=None, chunk=None):
+    """P·middle(l̃, Pᵀ·V) for P = κ(q, landmarks) in row chunks, never kept for backward.
+
+    With gradients, both products and ``middle`` are one autograd function whose backward
+    forms one G = ∇P ⊙ P for both products (``_KernelAttention``); while compiling or
+    tracing, and on a PyTorch that cannot tell the function a backward's
+    ``retain_graph``, two ``kernel_matmul`` calls around ``middle`` (the same values and
+    gradients up to rounding).
+
+    Args:
+        q (Tensor): (..., N, d)
+        landmarks (Tensor): (..., m, d), q's dtype.
+        v (Tensor): (..., N, d)
+        middle (callable): (l̃ (..., m, d), Z (..., m, d) in l̃'s dtype) -> W (..., m, d),
+            differentiable in both.
+        lm (Tensor, optional): the landmarks ``middle`` takes, l̃ (e.g. in float32 for
+            half-precision q); None: ``landmarks``.
+        chunk (int, optional): row chunks of P of about this many elements; None: the
+            plan's ``kernel_chunk`` for q's device type.
+    Returns:
+        Tensor: (..., N, d) in q's dtype.
+    """
+    lm = landmarks if lm is None else lm
+    if chunk is None:
+        chunk = plan_for(q.device.type).kernel_chunk
+    features = _features_of(q, landmarks)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v, lm))
+    if grad and _KEEP_GRAPH is not None and not (is_compiling() or torch.jit.is_tracing()):
+        return _KernelAttention.apply(q, landmarks, v, lm, middle, chunk, *features)
+    Z = _KernelMatmul.apply(q, landmarks, v, True, chunk, *features)  # (..., m, d)
+    W = middle(lm, Z.to(lm.dtype))
+    return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunk, *features)
+
+
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
     """Softmax-free attention P·Â·(Pᵀ·V) with the symmetric Gaussian kernel (K = Q).
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
     A⁺ is applied to them (``newton_pinv_apply``). With gradients, P is computed in
-    chunks and never kept (``kernel_matmul``); without, it is computed once, or in
-    chunks twice where the plan says so for its size (``plan.py``). The plan's
-    ``order='official'`` runs ``official_order_attention`` instead.
+    chunks and never kept (``kernel_attention``); without, it is computed once, or in
+    chunks twice where the plan says so for its size (``plan.py``). The plan's ``order='official'`` runs
+    ``official_order_attention`` instead.
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)
@@ -223,9 +339,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     with torch.autocast(device_type=device, enabled=False):
         qc, lc, vc = [t if cast is None or t.dtype == torch.float64 else t.to(cast)
                       for t in (q, landmarks, v)]
-        # P in row chunks (``_KernelMatmul``) when gradients are needed (then it is never
-        # kept for backward) or when it is too large to form at once on this device; a
-        # traced graph keeps the plain products (the chunking is Python-side).
+        # P in row chunks (``kernel_attention``) when gradients are needed (then it is
+        # never kept for backward) or when it is too large to form at once on this
+        # device; a traced graph keeps the plain products (the chunking is Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
         once_up_to = plan.kernel_once_up_to
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
@@ -234,37 +350,48 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         dtype = compute_dtype(landmarks)
         lm = landmarks.to(dtype)
         if chunked:  # the kernel features once for both products
-            features = _features_of(qc, lc)
-            # Z: (..., m, d)
-            Z = _KernelMatmul.apply(qc, lc, vc, True, plan.kernel_chunk, *features)
-            A = gaussian_kernel(lm, lm)  # (..., m, m)
-        else:
-            # The landmarks' features serve A and P (unless P runs in another dtype:
-            # autocast, half inputs). Not in training, where they would have to exist
-            # before Z's Function: the landmarks' gradients are then summed in another
-            # order (same math; last bits differ, and so do long training runs).
-            fm = kernel_features(lm, right=True)
-            fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
-            P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
-            Z = P.transpose(-1, -2) @ vc
-            A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
-        Z = Z.to(dtype)
-        if normalize:
-            d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
-            Z = d_inv_sqrt * Z
-        if method == 'regularized':
-            W = regularized_apply(A, Z, iters)
-        else:
-            W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
-                                  thin_steps=plan.thin_steps_for(method, iters),
-                                  spectral_inference=plan.spectral_inference,
-                                  **plan.pinv_options())
-        if normalize:
-            W = d_inv_sqrt * W
-        if chunked:
-            return _KernelMatmul.apply(qc, lc, W.to(qc.dtype), False, plan.kernel_chunk,
-                                       *features)
+            middle = partial(_landmark_middle, iters=iters, normalize=normalize,
+                             method=method, plan=plan)
+            return kernel_attention(qc, lc, vc, middle, lm, plan.kernel_chunk)
+        # The landmarks' features serve A and P (unless P runs in another dtype: autocast,
+        # half inputs). Not in training, where they would have to exist before the kernel
+        # products' Function: the landmarks' gradients are then summed in another order
+        # (same math; last bits differ, and so do long training runs).
+        fm = kernel_features(lm, right=True)
+        fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
+        P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
+        A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
+        W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize, method,
+                           plan)
         return P @ W.to(P.dtype)
+
+
+def _apply_inverse(A, Z, iters, normalize, method, plan):
+    """W = D^-1/2·A⁺·D^-1/2·Z (TPAMI Eq. 25; A⁺·Z without ``normalize``), D = diag(A·1).
+
+    Args:
+        A (Tensor): (..., m, m) landmark kernel, float32 or float64.
+        Z (Tensor): (..., m, d) Pᵀ·V, A's dtype.
+        method (str): resolved by the plan: an exact method or 'regularized'.
+    Returns:
+        Tensor: (..., m, d)
+    """
+    if normalize:
+        d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
+        Z = d_inv_sqrt * Z
+    if method == 'regularized':
+        W = regularized_apply(A, Z, iters)
+    else:
+        W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
+                              thin_steps=plan.thin_steps_for(method, iters),
+                              spectral_inference=plan.spectral_inference,
+                              **plan.pinv_options())
+    return d_inv_sqrt * W if normalize else W
+
+
+def _landmark_middle(lm, Z, iters, normalize, method, plan):
+    """``_KernelAttention``'s m-sized middle: A = κ(l̃, l̃), then ``_apply_inverse``."""
+    return _apply_inverse(gaussian_kernel(lm, lm), Z, iters, normalize, method, plan)
 
 
 def _out_of_place_kernel(a, b):

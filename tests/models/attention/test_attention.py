@@ -168,6 +168,37 @@ def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, forc
         assert torch.allclose(g, r, rtol=1e-8, atol=1e-10 * r.abs().max().item())
 
 
+@pytest.mark.parametrize('normalize, method', [(True, 'regularized'), (False, 'iterative')])
+@pytest.mark.parametrize('wrt', ['q', 'lm', 'v', 'all'])
+def test_one_backward_for_both_kernel_products(normalize, method, wrt, force_plan):
+    """In training, P's two products and the m-sized middle run in one autograd
+    function whose backward forms one G for both products: the gradients of the plain
+    computation that keeps P, for any inputs that need them, and a retained graph gives
+    them again."""
+    force_plan(kernel_chunk=2 * 3 * 12 * 7, kernel_once_up_to=None, device='cpu')
+    q = torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5
+    lm = torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5
+    v = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    inputs = [t.requires_grad_(wrt in (name, 'all'))
+              for name, t in (('q', q), ('lm', lm), ('v', v))]
+    wanted = [t for t in inputs if t.requires_grad]
+    G = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    out = soft_attention(q, lm, v, normalize=normalize, pinv_method=method)
+    grads = torch.autograd.grad((out * G).sum(), wanted, retain_graph=True)
+    again = torch.autograd.grad((out * G).sum(), wanted)
+    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+    d = A.sum(-1, keepdim=True).rsqrt() if normalize else torch.ones_like(A[..., :1])
+    if method == 'regularized':
+        W = d * regularized_apply(A, d * (P.mT @ v))
+    else:
+        W = d * (newton_pinv(A, method=method) @ (d * (P.mT @ v)))
+    ref_grads = torch.autograd.grad((P @ W * G).sum(), wanted)
+    assert torch.allclose(out, P @ W, rtol=1e-10, atol=1e-12)
+    for g, h, r in zip(grads, again, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-8, atol=1e-10 * r.abs().max().item())
+        assert torch.allclose(h, g, rtol=1e-12, atol=0)
+
+
 def test_regularized_mode_is_the_tikhonov_filter():
     """Fast mode: λ/(λ² + μ) with μ = 1/(α·2^T) on A's eigenvalues; close to the iterate."""
     A = gaussian_kernel_matrix(40, batch=(2, ), scale=0.3)
@@ -357,9 +388,10 @@ def test_training_does_not_keep_the_kernel():
 
 def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch, force_plan):
     """A training step over k row chunks of P: every further chunk adds its four kernel
-    evaluations (one product of the kernel features, clamp, exp) and twelve products,
-    and no copies or norms (V in the layout a SOFT block makes it, batch 2: before the
-    features, its chunks were copied in every product)."""
+    evaluations (one product of the kernel features, clamp, exp), seven further products
+    and one G = ∇P ⊙ P for both products of P, and no copies or norms (V in the layout a
+    SOFT block makes it, batch 2: before the features, its chunks were copied in every
+    product)."""
     from mmsoft.testing import LaunchCounter
     B, h, N, m, d = 2, 3, 48, 12, 8
     counts = {}
@@ -372,10 +404,10 @@ def test_each_chunk_costs_only_its_kernels_and_products(monkeypatch, force_plan)
             soft_attention(q, lm, v, pinv_method='iterative').sum().backward()
         counts[k] = count.counts
     per_chunk = {op: (counts[4][op] - counts[2][op]) / 2 for op in counts[4]}
-    # 24 with torch 2.14.1; how matmul reaches the backend (bmm, mm, expand copies)
+    # 20 with torch 2.14.1; how matmul reaches the backend (bmm, mm, expand copies)
     # differs between torch versions, so this is a budget, not an exact count
-    assert sum(per_chunk.values()) <= 4 * 3 + 12, per_chunk
-    assert per_chunk['exp_'] == 4 and not any(
+    assert sum(per_chunk.values()) <= 4 * 3 + 7 + 1, per_chunk
+    assert per_chunk['exp_'] == 4 and per_chunk['mul_'] == 1 and not any(
         per_chunk.get(op) for op in ('copy_', 'clone', 'pow', 'sum', 'cat')), per_chunk
 
 
