@@ -4,8 +4,8 @@ P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the netw
 per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
 kept for backward: its products are computed in row chunks and P is recomputed in
 backward, so training memory holds only the thin Q, Q̃, V and W. Both products and the
-m-sized middle are one autograd function there (``kernel_attention``), whose backward
-forms one G = ∇P ⊙ P for both; under ``torch.compile`` each product is its own
+m-sized middle run through ``kernel_attention`` there, whose backward forms one
+G = ∇P ⊙ P for both products; under ``torch.compile`` each product is its own
 (``kernel_matmul``). Without gradients P is formed once, or, where the device's plan
 says so for large P (``plan.py``), its products are also computed in row chunks (P
 computed twice, never whole).
@@ -170,67 +170,45 @@ class _KernelMatmul(torch.autograd.Function):
                 None, None, None)
 
 
-# Whether the running backward keeps its graph (``retain_graph=True``), so that
-# ``_KernelAttention`` frees its middle's graph with its own. Torch without it: the
-# kernel products keep their own Functions (``soft_attention``).
-_KEEP_GRAPH = getattr(torch._C._autograd, '_get_current_graph_task_keep_graph', None)
+class _KernelIn(torch.autograd.Function):
+    """Z = Pᵀ·V for P = κ(q, l), the first product of ``kernel_attention``, whose second
+    product P·W (``_KernelOut``) hands its ∇out and W over in ``link``: this backward
+    then forms one G = ∇P ⊙ P for both products.
 
+    ∇P of both is ∇out·Wᵀ + V·∇Zᵀ, so G = ([∇out, V]·[W, ∇Z]ᵀ) ⊙ P, one product of twice
+    the depth, and ∇q̂ = G·l̂, ∇l̂ = Gᵀ·q̂ for both; with ∇V = P·∇Z this is the second
+    pass over P of a training step's backward (``_KernelOut``'s is the first). Per row
+    chunk of P, backward evaluates P twice, as two ``_KernelMatmul`` do, and runs 5
+    products with it and one ⊙ P instead of their 8 and 2.
 
-class _KernelAttention(torch.autograd.Function):
-    """P·f(l̃, Pᵀ·V) for P = κ(q, l) in row chunks, f the m-sized middle (A, D^-1/2 and
-    A⁺ applied: ``_apply_inverse``), with one backward for both kernel products.
-
-    Two ``_KernelMatmul`` calls would each recompute P in backward and form their own G
-    (∇P ⊙ P) and its two products with the features. Here backward's first pass over P
-    gives ∇W = Pᵀ·∇out; autograd then takes it through f (a graph built in forward on
-    detached copies of l̃ and Z, so f's saved tensors are f's own, as before) to ∇Z and
-    ∇l̃; the second pass gives ∇V = P·∇Z and one G = ([∇out, V]·[W, ∇Z]ᵀ) ⊙ P for both
-    products (the sum of their two G, as one product of twice the depth), then
-    ∇q̂ = G·l̂, ∇l̂ = Gᵀ·q̂. Per row chunk, backward evaluates P twice, as before, and then
-    runs 5 products with it and one ⊙ P instead of 8 and 2.
-
-    Saved for backward: q, l, v, W (tensors the layer keeps anyway) and f's graph;
-    l̃ is the landmarks in f's dtype (``compute_dtype``), l the landmarks in q's.
+    Autograd runs this backward after ``_KernelOut``'s: ∇Z comes from ∇W through the
+    m-sized middle between them. Saved for backward: q, l, v (as ``_KernelMatmul``).
     """
 
     @staticmethod
-    def forward(ctx, q, l, v, lm, middle, chunk, fq, fl):
-        chunks = _row_chunks(fq, fl, chunk)
+    def forward(ctx, q, l, v, link, chunk, fq, fl):
+        ctx.save_for_backward(q, l, v)
+        ctx.link, ctx.chunk = link, chunk
         v3, Z = _flat(v), None
-        for i, j in chunks:  # Z = Pᵀ·V: (b, m, d)
+        for i, j in _row_chunks(fq, fl, chunk):  # (b, m, d), summed over row chunks
             Z = _add_product(Z, _kernel(fq[:, i:j], fl).transpose(-1, -2), v3[:, i:j])
-        with torch.enable_grad():
-            lm_in = lm.detach().requires_grad_(ctx.needs_input_grad[3])
-            z_in = Z.view(*v.shape[:-2], *Z.shape[-2:]).to(lm.dtype).requires_grad_()
-            w_out = middle(lm_in, z_in)
-        W = w_out.detach().to(q.dtype)
-        out = _cat_rows([_kernel(fq[:, i:j], fl) @ _flat(W) for i, j in chunks])
-        ctx.save_for_backward(q, l, v, W)
-        ctx.chunk, ctx.middle = chunk, (lm_in, z_in, w_out)
-        return out.view(*q.shape[:-2], *out.shape[-2:])
+        return Z.view(*v.shape[:-2], *Z.shape[-2:])
 
     @staticmethod
-    def backward(ctx, grad):
-        q, l, v, W = ctx.saved_tensors
-        lm_in, z_in, w_out = ctx.middle
-        need_q, need_l, need_v, need_lm = ctx.needs_input_grad[:4]
-        fq, fl = _features_of(q, l)
-        v3, w3, grad = _flat(v), _flat(W), _flat(grad)
-        chunks = _row_chunks(fq, fl, ctx.chunk)
-        grad_w = None  # first pass: ∇W = Pᵀ·∇out
-        for i, j in chunks:
-            grad_w = _add_product(grad_w, _kernel(fq[:, i:j], fl).transpose(-1, -2),
-                                  grad[:, i:j])
-        wrt = [z_in] + ([lm_in] if need_lm else [])
-        with torch.enable_grad():  # f's graph kept as long as this backward keeps its own
-            grads = torch.autograd.grad(w_out, wrt, grad_w.view(w_out.shape).to(w_out.dtype),
-                                        retain_graph=_KEEP_GRAPH(), allow_unused=True)
-        grad_z = _flat(grads[0]).to(q.dtype)
-        grad_lm = grads[1] if need_lm else None
-        left = torch.cat([grad, v3], -1)  # [∇out, V]: (b, N, 2d)
-        right = torch.cat([w3, grad_z], -1)  # [W, ∇Z]: (b, m, 2d)
+    def backward(ctx, grad_z):
+        q, l, v = ctx.saved_tensors
+        need_q, need_l, need_v = ctx.needs_input_grad[:3]
+        # ∇out, and the features _KernelOut's backward made; None: out had no gradient
+        grad_out, features = ctx.link.pop('grad_out', None), ctx.link.pop('features', None)
+        fq, fl = features or _features_of(q, l)
+        v3, grad_z = _flat(v), _flat(grad_z)
+        left, right = v3, grad_z
+        if grad_out is not None and (need_q or need_l):
+            # [∇out, V]: (b, N, 2d) and [W, ∇Z]: (b, m, 2d)
+            left = torch.cat([grad_out, v3], -1)
+            right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
         grad_fq, grad_v_rows, grad_fl = [], [], None
-        for i, j in chunks:  # second pass: ∇V = P·∇Z, one G for both products
+        for i, j in _row_chunks(fq, fl, ctx.chunk):
             P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
             if need_v:
                 grad_v_rows.append(P @ grad_z)
@@ -243,9 +221,39 @@ class _KernelAttention(torch.autograd.Function):
         grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
         grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
         grad_v = _cat_rows(grad_v_rows).view(v.shape) if need_v else None
-        if grad_lm is not None:
-            grad_lm = grad_lm.to(lm_in.dtype)
-        return grad_q, grad_l, grad_v, grad_lm, None, None, None, None
+        return grad_q, grad_l, grad_v, None, None, None, None
+
+
+class _KernelOut(torch.autograd.Function):
+    """out = P·W, the second product of ``kernel_attention``: its backward computes only
+    ∇W = Pᵀ·∇out (the first pass over P) and leaves ∇q, ∇l to ``_KernelIn``'s backward,
+    handing it ∇out and W in ``link``.
+
+    ``link`` keeps W detached (no reference from it back into the graph), and ∇out and
+    the kernel features only until ``_KernelIn``'s backward takes them. Saved for
+    backward: q, l.
+    """
+
+    @staticmethod
+    def forward(ctx, q, l, w, link, chunk, fq, fl):
+        ctx.save_for_backward(q, l)
+        ctx.link, ctx.chunk, ctx.w_shape = link, chunk, w.shape
+        link['W'] = w.detach()
+        w3 = _flat(w)
+        out = _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in _row_chunks(fq, fl, chunk)])
+        return out.view(*q.shape[:-2], *out.shape[-2:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, l = ctx.saved_tensors
+        fq, fl = _features_of(q, l)
+        grad = _flat(grad)
+        grad_w = None  # (b, m, d), summed over row chunks
+        for i, j in _row_chunks(fq, fl, ctx.chunk):
+            grad_w = _add_product(grad_w, _kernel(fq[:, i:j], fl).transpose(-1, -2),
+                                  grad[:, i:j])
+        ctx.link.update(grad_out=grad, features=(fq, fl))
+        return None, None, grad_w.view(ctx.w_shape), None, None, None, None
 
 
 def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
@@ -269,11 +277,10 @@ def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
 def kernel_attention(q, landmarks, v, middle, lm=None, chunk=None):
     """P·middle(l̃, Pᵀ·V) for P = κ(q, landmarks) in row chunks, never kept for backward.
 
-    With gradients, both products and ``middle`` are one autograd function whose backward
-    forms one G = ∇P ⊙ P for both products (``_KernelAttention``); while compiling or
-    tracing, and on a PyTorch that cannot tell the function a backward's
-    ``retain_graph``, two ``kernel_matmul`` calls around ``middle`` (the same values and
-    gradients up to rounding).
+    The backward of the first product forms one G = ∇P ⊙ P for both (``_KernelIn``,
+    ``_KernelOut``); while compiling or tracing, two ``kernel_matmul`` calls around
+    ``middle`` (Dynamo cannot trace the hand-over between the two backward passes; the
+    same values and gradients up to rounding).
 
     Args:
         q (Tensor): (..., N, d)
@@ -292,12 +299,14 @@ def kernel_attention(q, landmarks, v, middle, lm=None, chunk=None):
     if chunk is None:
         chunk = plan_for(q.device.type).kernel_chunk
     features = _features_of(q, landmarks)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v, lm))
-    if grad and _KEEP_GRAPH is not None and not (is_compiling() or torch.jit.is_tracing()):
-        return _KernelAttention.apply(q, landmarks, v, lm, middle, chunk, *features)
-    Z = _KernelMatmul.apply(q, landmarks, v, True, chunk, *features)  # (..., m, d)
+    if is_compiling() or torch.jit.is_tracing():
+        Z = _KernelMatmul.apply(q, landmarks, v, True, chunk, *features)  # (..., m, d)
+        W = middle(lm, Z.to(lm.dtype))
+        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunk, *features)
+    link = {}  # W, and in backward ∇out, from _KernelOut to _KernelIn
+    Z = _KernelIn.apply(q, landmarks, v, link, chunk, *features)  # (..., m, d)
     W = middle(lm, Z.to(lm.dtype))
-    return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunk, *features)
+    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, chunk, *features)
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
@@ -307,8 +316,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
     A⁺ is applied to them (``newton_pinv_apply``). With gradients, P is computed in
     chunks and never kept (``kernel_attention``); without, it is computed once, or in
-    chunks twice where the plan says so for its size (``plan.py``). The plan's ``order='official'`` runs
-    ``official_order_attention`` instead.
+    chunks twice where the plan says so for its size (``plan.py``). The plan's
+    ``order='official'`` runs ``official_order_attention`` instead.
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)
@@ -390,7 +399,8 @@ def _apply_inverse(A, Z, iters, normalize, method, plan):
 
 
 def _landmark_middle(lm, Z, iters, normalize, method, plan):
-    """``_KernelAttention``'s m-sized middle: A = κ(l̃, l̃), then ``_apply_inverse``."""
+    """``soft_attention``'s m-sized middle for ``kernel_attention``:
+    A = κ(l̃, l̃), then ``_apply_inverse``."""
     return _apply_inverse(gaussian_kernel(lm, lm), Z, iters, normalize, method, plan)
 
 

@@ -171,10 +171,9 @@ def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, forc
 @pytest.mark.parametrize('normalize, method', [(True, 'regularized'), (False, 'iterative')])
 @pytest.mark.parametrize('wrt', ['q', 'lm', 'v', 'all'])
 def test_one_backward_for_both_kernel_products(normalize, method, wrt, force_plan):
-    """In training, P's two products and the m-sized middle run in one autograd
-    function whose backward forms one G for both products: the gradients of the plain
-    computation that keeps P, for any inputs that need them, and a retained graph gives
-    them again."""
+    """In training the backward of P's first product forms one G for both products,
+    with ∇out handed over by the second's: the gradients of the plain computation that
+    keeps P, for any inputs that need them, and a retained graph gives them again."""
     force_plan(kernel_chunk=2 * 3 * 12 * 7, kernel_once_up_to=None, device='cpu')
     q = torch.randn(2, 3, 50, 8, dtype=torch.float64) * 0.5
     lm = torch.randn(2, 3, 12, 8, dtype=torch.float64) * 0.5
