@@ -296,7 +296,7 @@ def _kernel_once(q, lm, v, w):
 def _kernel_chunked(device, chunk, train, q, lm, v, w):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
     forced for this device type), with backward if ``train``: then as training runs
-    them, W = κᵀ·V through one function for both (``kernel_attention``, the middle left
+    them, W = κᵀ·V with one G for both products (``kernel_attention``, the middle left
     out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
     with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None,
@@ -310,8 +310,8 @@ def _kernel_chunked(device, chunk, train, q, lm, v, w):
             kernel_matmul(q, lm, w)
 
 
-def _kernel_two_functions(q, lm, v):
-    """κᵀ·V, then κ·W with W = κᵀ·V, forward and backward, each product its own function
+def _kernel_g_each(q, lm, v):
+    """κᵀ·V, then κ·W with W = κᵀ·V, forward and backward, each product with its own G
     (``kernel_matmul``, as under torch.compile), at the plan's chunk."""
     from mmsoft.models.attention import kernel_matmul
     z = kernel_matmul(q, lm, v, transpose=True)
@@ -338,7 +338,7 @@ def section_kernel(args, out):
                     fns[f'2^{c}'] = partial(_kernel_chunked, args.device, 2**c, train,
                                             *tensors)
                 if train:
-                    fns['two functions'] = partial(_kernel_two_functions, *tensors[:3])
+                    fns['a G each'] = partial(_kernel_g_each, *tensors[:3])
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -347,7 +347,7 @@ def section_kernel(args, out):
         for name, fns in cases.items():
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
-    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['two functions']
+    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -358,8 +358,8 @@ def section_kernel(args, out):
     lines.append(f'\nMedian of {args.rounds} round(s), all variants in turn. inference: κᵀ·V '
                  'and κ·W with P formed once, or in row chunks of 2^k elements (P made '
                  'twice); train: κᵀ·V, then κ·W with W = κᵀ·V, with backward (P recomputed '
-                 'chunk by chunk), as training runs them: one function for both products, '
-                 "and each its own ('two functions', at the plan's chunk: as under "
+                 'chunk by chunk), as training runs them: one G = ∇P ⊙ P for both '
+                 "products, and one each ('a G each', at the plan's chunk: as under "
                  f"torch.compile). The plan's kernel_chunk on {args.device}: the fastest "
                  'chunk; its kernel_once_up_to: up to which size of P once wins.')
     return lines

@@ -53,7 +53,7 @@ def test_benchmark_sections(tmp_path, capsys):
     assert len(kernel) == 6 and plan_for('cpu') == plan  # the plan in force as before
     for name, row in kernel.items():
         chunks = {f'2^{c}' for c in KERNEL_CHUNKS}
-        assert set(row) == chunks | ({'two functions'} if ' train ' in name else {'once'}), name
+        assert set(row) == chunks | ({'a G each'} if ' train ' in name else {'once'}), name
         assert all(t > 0 for t in row.values())
     for row in res['speed'].values():
         assert row['64x64'] > 0
@@ -420,8 +420,8 @@ def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
 
 def test_kernel_section_forces_each_chunk(monkeypatch):
     """The kernel section times every chunk size through the plan (``kernel_chunk`` forced
-    for the device type inside each call), in training through the one function training
-    runs, and leaves the plan in force as it was."""
+    for the device type inside each call), in training through ``kernel_attention`` as
+    training runs it, and leaves the plan in force as it was."""
     import torch
     from mmsoft.benchmark import plan as plan_sections
     from mmsoft.models import attention
@@ -444,7 +444,7 @@ def test_kernel_section_forces_each_chunk(monkeypatch):
     out = {}
     plan_sections.section_kernel(args, out)
     # inside: each chunk, and P never formed whole; the CPU plan says otherwise. Training
-    # through one function, and through two at the plan's chunk ('two functions')
+    # with one G for both products, and with a G each at the plan's chunk ('a G each')
     chunks = {(2**c, None) for c in plan_sections.KERNEL_CHUNKS}
     assert seen['kernel_attention'] == {(*c, True) for c in chunks}
     own = (PLANS['cpu'].kernel_chunk, PLANS['cpu'].kernel_once_up_to, True)
