@@ -205,7 +205,7 @@ class _KernelIn(torch.autograd.Function):
         left, right = v3, grad_z
         if grad_out is not None and (need_q or need_l):
             # [∇out, V]: (b, N, 2d) and [W, ∇Z]: (b, m, 2d)
-            left = torch.cat([grad_out, v3], -1)
+            left = torch.cat([_flat(grad_out), v3], -1)
             right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
         grad_fq, grad_v_rows, grad_fl = [], [], None
         for i, j in _row_chunks(fq, fl, ctx.chunk):
@@ -247,13 +247,19 @@ class _KernelOut(torch.autograd.Function):
     def backward(ctx, grad):
         q, l = ctx.saved_tensors
         fq, fl = _features_of(q, l)
-        grad = _flat(grad)
-        grad_w = None  # (b, m, d), summed over row chunks
+        # ∇out itself, not a view of it: autograd adds into a gradient in place where no
+        # one else holds it, and torch 2.1 did not count a view as holding it
+        ctx.link.update(grad_out=grad, features=(fq, fl))
+        grad, grad_w = _flat(grad), None  # ∇W: (b, m, d), summed over row chunks
         for i, j in _row_chunks(fq, fl, ctx.chunk):
             grad_w = _add_product(grad_w, _kernel(fq[:, i:j], fl).transpose(-1, -2),
                                   grad[:, i:j])
-        ctx.link.update(grad_out=grad, features=(fq, fl))
-        return None, None, grad_w.view(ctx.w_shape), None, None, None, None
+        # ∇l: zeros (m×d) rather than None, so that the landmarks' first gradient to
+        # arrive is a tensor of this function's own: with None (the middle's arriving
+        # first) torch 2.1 gave wrong gradients where the landmarks are made from q
+        # (SOFT's layers: tests/models/backbones/test_soft.py, with_cp).
+        grad_l = torch.zeros_like(l) if ctx.needs_input_grad[1] else None
+        return None, grad_l, grad_w.view(ctx.w_shape), None, None, None, None
 
 
 def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
