@@ -100,6 +100,11 @@ def _flat(t):
     return t.reshape(-1, *t.shape[-2:])
 
 
+def _view_or_none(t, like):
+    """t viewed in ``like``'s shape (a gradient from its flat form); None stays None."""
+    return None if t is None else t.view(like.shape)
+
+
 def _features_grad(grad_f, f, right=False):
     """∇x from ∇f for f = ``kernel_features(x, right)``: x is f's first d columns and
     ∂|x|²/∂x = 2x, so ∇x = ∇f[:d] + 2·∇f[|x|² column] ⊙ x."""
@@ -114,30 +119,82 @@ def _features_of(q, landmarks):
         return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
+def _kernel_product(fq, fl, w3, chunk, transpose=False):
+    """P·W, or Pᵀ·W, for P = κ from the features, one row chunk of P at a time.
+
+    Args:
+        fq (Tensor): (b, N, K) q̂ (``kernel_features``)
+        fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
+        w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
+        chunk (int): row chunks of P of about this many elements (``_row_chunks``).
+    Returns:
+        Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
+        summed over the chunks.
+    """
+    chunks = _row_chunks(fq, fl, chunk)
+    if not transpose:
+        return _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in chunks])
+    out = None
+    for i, j in chunks:
+        out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w3[:, i:j])
+    return out
+
+
+def _kernel_backward(fq, fl, chunk, grad, transpose, left, right, needs):
+    """One backward pass over P's row chunks, P = κ from the features recomputed per chunk.
+
+    For out = P·W (Pᵀ·W if ``transpose``) with ∇out = ``grad``: ∇W = Pᵀ·∇out (P·∇out).
+    With G = (left·rightᵀ) ⊙ P (the exp's derivative; left·rightᵀ is ∇P: ∇out·Wᵀ or
+    W·∇outᵀ for one product, [∇out, V]·[W, ∇Z]ᵀ for both of ``kernel_attention``):
+    ∇q̂ = G·l̂ and ∇l̂ = Gᵀ·q̂, which give ∇q and ∇l (``_features_grad``). Only one chunk
+    of P and of G exists at a time.
+
+    Args:
+        fq, fl (Tensor): (b, N, K) and (b, m, K) features.
+        grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
+        left, right (Tensor): (b, N, k) and (b, m, k).
+        needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
+    Returns:
+        tuple: ∇W ((b, m, n), or (b, N, n) if ``transpose``), ∇q (b, N, K - 2) and ∇l
+        (b, m, K - 2); None where not needed.
+    """
+    need_w, need_q, need_l = needs
+    grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
+    grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
+    for i, j in _row_chunks(fq, fl, chunk):
+        P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
+        if need_w and transpose:
+            grad_w_rows.append(P @ grad)
+        elif need_w:
+            grad_w = _add_product(grad_w, P.transpose(-1, -2), grad[:, i:j])
+        if need_q or need_l:
+            G = torch.bmm(left[:, i:j], right.transpose(-1, -2)).mul_(P)
+            if need_q:
+                grad_fq.append(G @ fl)
+            if need_l:
+                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
+    if grad_w_rows:
+        grad_w = _cat_rows(grad_w_rows)
+    grad_q = _features_grad(_cat_rows(grad_fq), fq) if need_q else None
+    grad_l = _features_grad(grad_fl, fl, right=True) if need_l else None
+    return grad_w, grad_q, grad_l
+
+
 class _KernelMatmul(torch.autograd.Function):
     """P·W or Pᵀ·W for P = κ(q, l) = exp(min(q̂·l̂ᵀ, 0)), with P recomputed in backward
     instead of kept.
 
     Saved for backward: q, l, w as given (tensors the layer keeps anyway). The kernel
     features q̂, l̂ ((b, ·, d + 2), ``kernel_features``, made once by the caller for all
-    its products) are recomputed in backward instead. With G = ∇P ⊙ P (the derivative of
-    the exp): ∇q̂ = G·l̂ and ∇l̂ = Gᵀ·q̂, which give ∇q and ∇l (``_features_grad``);
-    ∇P = ∇out·Wᵀ (P·W) or W·∇outᵀ (Pᵀ·W), ∇W = Pᵀ·∇out or P·∇out. Computed over row
-    chunks of P, so only one chunk of P and G exists at a time.
+    its products) are recomputed in backward instead, for one pass over P's row chunks
+    (``_kernel_backward``) with ∇P = ∇out·Wᵀ (P·W) or W·∇outᵀ (Pᵀ·W).
     """
 
     @staticmethod
     def forward(ctx, q, l, w, transpose, chunk, fq, fl):
         ctx.save_for_backward(q, l, w)
         ctx.transpose, ctx.chunk = transpose, chunk
-        w3 = _flat(w)
-        chunks = _row_chunks(fq, fl, chunk)
-        if transpose:  # Pᵀ·W: (b, m, n), summed over row chunks
-            out = None
-            for i, j in chunks:
-                out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w3[:, i:j])
-        else:
-            out = _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in chunks])
+        out = _kernel_product(fq, fl, _flat(w), chunk, transpose)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -146,28 +203,11 @@ class _KernelMatmul(torch.autograd.Function):
         need_q, need_l, need_w = ctx.needs_input_grad[:3]
         fq, fl = _features_of(q, l)
         w3, grad = _flat(w), _flat(grad)
-        grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
-        grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
-        for i, j in _row_chunks(fq, fl, ctx.chunk):
-            P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
-            if ctx.transpose:  # out = Pᵀ·W
-                if need_w:
-                    grad_w_rows.append(P @ grad)
-                G = torch.bmm(w3[:, i:j], grad.transpose(-1, -2)).mul_(P)
-            else:  # out = P·W
-                if need_w:
-                    grad_w = _add_product(grad_w, P.transpose(-1, -2), grad[:, i:j])
-                G = torch.bmm(grad[:, i:j], w3.transpose(-1, -2)).mul_(P)
-            if need_q:
-                grad_fq.append(G @ fl)
-            if need_l:
-                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
-        if grad_w_rows:
-            grad_w = _cat_rows(grad_w_rows)
-        grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
-        grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
-        return (grad_q, grad_l, None if grad_w is None else grad_w.view(w.shape), None,
-                None, None, None)
+        left, right = (w3, grad) if ctx.transpose else (grad, w3)  # ∇P = left·rightᵀ
+        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunk, grad, ctx.transpose,
+                                                  left, right, (need_w, need_q, need_l))
+        return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_w, w),
+                None, None, None, None)
 
 
 class _KernelIn(torch.autograd.Function):
@@ -189,9 +229,7 @@ class _KernelIn(torch.autograd.Function):
     def forward(ctx, q, l, v, link, chunk, fq, fl):
         ctx.save_for_backward(q, l, v)
         ctx.link, ctx.chunk = link, chunk
-        v3, Z = _flat(v), None
-        for i, j in _row_chunks(fq, fl, chunk):  # (b, m, d), summed over row chunks
-            Z = _add_product(Z, _kernel(fq[:, i:j], fl).transpose(-1, -2), v3[:, i:j])
+        Z = _kernel_product(fq, fl, _flat(v), chunk, transpose=True)  # (b, m, d)
         return Z.view(*v.shape[:-2], *Z.shape[-2:])
 
     @staticmethod
@@ -202,26 +240,15 @@ class _KernelIn(torch.autograd.Function):
         grad_out, features = ctx.link.pop('grad_out', None), ctx.link.pop('features', None)
         fq, fl = features or _features_of(q, l)
         v3, grad_z = _flat(v), _flat(grad_z)
-        left, right = v3, grad_z
+        left, right = v3, grad_z  # ∇P of Pᵀ·V alone
         if grad_out is not None and (need_q or need_l):
-            # [∇out, V]: (b, N, 2d) and [W, ∇Z]: (b, m, 2d)
+            # ∇P of both products: [∇out, V]: (b, N, 2d) times [W, ∇Z]ᵀ: (b, 2d, m)
             left = torch.cat([_flat(grad_out), v3], -1)
             right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
-        grad_fq, grad_v_rows, grad_fl = [], [], None
-        for i, j in _row_chunks(fq, fl, ctx.chunk):
-            P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
-            if need_v:
-                grad_v_rows.append(P @ grad_z)
-            if need_q or need_l:
-                G = torch.bmm(left[:, i:j], right.transpose(-1, -2)).mul_(P)
-                if need_q:
-                    grad_fq.append(G @ fl)
-                if need_l:
-                    grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
-        grad_q = _features_grad(_cat_rows(grad_fq), fq).view(q.shape) if need_q else None
-        grad_l = _features_grad(grad_fl, fl, right=True).view(l.shape) if need_l else None
-        grad_v = _cat_rows(grad_v_rows).view(v.shape) if need_v else None
-        return grad_q, grad_l, grad_v, None, None, None, None
+        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunk, grad_z, True, left,
+                                                  right, (need_v, need_q, need_l))
+        return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_v, v),
+                None, None, None, None)
 
 
 class _KernelOut(torch.autograd.Function):
@@ -239,8 +266,7 @@ class _KernelOut(torch.autograd.Function):
         ctx.save_for_backward(q, l)
         ctx.link, ctx.chunk, ctx.w_shape = link, chunk, w.shape
         link['W'] = w.detach()
-        w3 = _flat(w)
-        out = _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in _row_chunks(fq, fl, chunk)])
+        out = _kernel_product(fq, fl, _flat(w), chunk)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -250,10 +276,7 @@ class _KernelOut(torch.autograd.Function):
         # ∇out itself, not a view of it: autograd adds into a gradient in place where no
         # one else holds it, and torch 2.1 did not count a view as holding it
         ctx.link.update(grad_out=grad, features=(fq, fl))
-        grad, grad_w = _flat(grad), None  # ∇W: (b, m, d), summed over row chunks
-        for i, j in _row_chunks(fq, fl, ctx.chunk):
-            grad_w = _add_product(grad_w, _kernel(fq[:, i:j], fl).transpose(-1, -2),
-                                  grad[:, i:j])
+        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunk, transpose=True)  # (b, m, d)
         # ∇l: zeros (m×d) rather than None, so that the landmarks' first gradient to
         # arrive is a tensor of this function's own: with None (the middle's arriving
         # first) torch 2.1 gave wrong gradients where the landmarks are made from q
