@@ -273,16 +273,10 @@ class _KernelOut(torch.autograd.Function):
     def backward(ctx, grad):
         q, l = ctx.saved_tensors
         fq, fl = _features_of(q, l)
-        # ∇out itself, not a view of it: autograd adds into a gradient in place where no
-        # one else holds it, and torch 2.1 did not count a view as holding it
+        # ∇out as autograd gave it and the features, until _KernelIn's backward takes them
         ctx.link.update(grad_out=grad, features=(fq, fl))
         grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunk, transpose=True)  # (b, m, d)
-        # ∇l: zeros (m×d) rather than None, so that the landmarks' first gradient to
-        # arrive is a tensor of this function's own: with None (the middle's arriving
-        # first) torch 2.1 gave wrong gradients where the landmarks are made from q
-        # (SOFT's layers: tests/models/backbones/test_soft.py, with_cp).
-        grad_l = torch.zeros_like(l) if ctx.needs_input_grad[1] else None
-        return None, grad_l, grad_w.view(ctx.w_shape), None, None, None, None
+        return None, None, grad_w.view(ctx.w_shape), None, None, None, None
 
 
 def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):

@@ -17,7 +17,8 @@ from mmengine.model.weight_init import trunc_normal_
 from ...registry import register_model
 from ..attention import PINV_METHODS, plan_for, soft_attention
 from ..cuda_graphs import StageGraphs, can_capture, check_cuda_graphs
-from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
+from ..utils import (Backbone, DropPath, Mlp, build_norm, check_depths, guard_gelu_grad,
+                     parse_arch)
 
 __all__ = ['SOFT', 'checkpoint_filter_fn']
 
@@ -86,7 +87,7 @@ class SoftKernelAttention(nn.Module):
             x = F.adaptive_avg_pool2d(x, (min(H // r, g) * r, min(W // r, g) * r))
         x = self.Qlandmark_op(x)  # (B·h, d, H/r, W/r)
         x = x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
-        return self.Qnorm_act(x)
+        return guard_gelu_grad(self.Qnorm_act(x))
 
     def forward(self, q, v, hw):
         # The one read of the device's plan on this layer's way; its choices go down as
