@@ -24,8 +24,8 @@ def _gelu_backward_misreads_strides():
     """Whether this torch's GELU backward on the CPU gets a gradient wrong that is laid
     out unlike GELU's input: torch 2.1's (its oneDNN kernel) returns uninitialized memory
     then (pytorch/pytorch#112006). Asked of the kernel itself, once, on 8×8 values."""
-    x = torch.linspace(-3, 3, 64).view(8, 8)
-    g = torch.linspace(-1, 1, 64).view(8, 8).t()  # transposed: laid out unlike x
+    x = torch.linspace(-3, 3, 64, dtype=torch.float32).view(8, 8)
+    g = torch.linspace(-1, 1, 64, dtype=torch.float32).view(8, 8).t()  # laid out unlike x
     with torch.no_grad():
         strided = torch.ops.aten.gelu_backward(g, x)
         dense = torch.ops.aten.gelu_backward(g.contiguous(), x)
