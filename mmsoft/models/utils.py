@@ -1,7 +1,7 @@
 """What the backbone families share: the ``Backbone`` base class (initialization,
 pretrained loading, freezing, ``norm_eval``, activation checkpointing), arch parsing,
-the MLP and input checks, and a guard for one torch bug. Reading checkpoints and matching their keys is
-``mmsoft.checkpoint``'s."""
+the MLP and input checks, and a guard for one torch bug. Reading checkpoints and
+matching their keys is ``mmsoft.checkpoint``'s."""
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp

@@ -41,6 +41,7 @@ __all__ = [
     'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'PINV_METHODS', 'PLANS', 'AttentionPlan',
     'attention_plan', 'compute_dtype', 'device_type', 'gaussian_kernel', 'kernel_attention',
     'kernel_features', 'kernel_matmul', 'newton_alpha', 'newton_pinv', 'newton_pinv_apply',
-    'newton_pinv_error', 'normalize_inverse', 'official_order_attention', 'plan_for', 'regularized_apply',
-    'resolve_pinv_method', 'round_tf32', 'sima_attention', 'soft_attention', 'truncate_tf32'
+    'newton_pinv_error', 'normalize_inverse', 'official_order_attention', 'plan_for',
+    'regularized_apply', 'resolve_pinv_method', 'round_tf32', 'sima_attention',
+    'soft_attention', 'truncate_tf32'
 ]

@@ -374,7 +374,6 @@ def test_with_cp_gives_same_gradients():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
-
 def test_gelu_gradient_laid_out_unlike_its_input():
     """A GELU's input gradient, where its output's gradient arrives transposed (as the
     landmarks' does, from A = κ(Q̃, Q̃)): torch 2.1's CPU kernel returned uninitialized
@@ -408,6 +407,7 @@ def test_layer_gradients_match_float64():
     for g32, g64 in zip(*grads):
         assert g64.norm() > 0
         assert (g32.double() - g64).norm() / g64.norm() < 1e-4
+
 
 def residual_branch_kinds(model, x, rate):
     """Per sample and call of a block's ``drop_path`` in a forward of x: how many branch
