@@ -2,6 +2,8 @@
 pretrained loading, freezing, ``norm_eval``, activation checkpointing), arch parsing,
 the MLP and input checks, and a guard for one torch bug. Reading checkpoints and
 matching their keys is ``mmsoft.checkpoint``'s."""
+import functools
+
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
@@ -20,10 +22,12 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
 def _gelu_backward_misreads_strides():
     """Whether this torch's GELU backward on the CPU gets a gradient wrong that is laid
     out unlike GELU's input: torch 2.1's (its oneDNN kernel) returns uninitialized memory
-    then (pytorch/pytorch#112006). Asked of the kernel itself, once, on 8×8 values."""
+    then (pytorch/pytorch#112006). Asked of the kernel itself on 8×8 values, once, at
+    the first training forward on the CPU (not at import)."""
     x = torch.linspace(-3, 3, 64, dtype=torch.float32).view(8, 8)
     g = torch.linspace(-1, 1, 64, dtype=torch.float32).view(8, 8).t()  # laid out unlike x
     with torch.no_grad():
@@ -32,22 +36,19 @@ def _gelu_backward_misreads_strides():
     return not torch.allclose(strided, dense)
 
 
-_GELU_BACKWARD_MISREADS_STRIDES = _gelu_backward_misreads_strides()
-
-
 def guard_gelu_grad(y):
     """y, the output of a GELU whose input is contiguous: where this torch's CPU GELU
     backward misreads a gradient laid out otherwise (torch 2.1,
     ``_gelu_backward_misreads_strides``), y's gradient is made contiguous before GELU's
-    backward reads it. Elsewhere, and under torch.compile (whose backward is generated,
-    not that kernel), y unchanged, no hook.
+    backward reads it. Elsewhere, under torch.compile (whose backward is generated, not
+    that kernel) and while tracing (a traced graph keeps no hook), y unchanged, no hook.
 
     Autograd hands a sum of gradients to GELU's backward in the layout of the first to
     arrive; the gradient of a product's transposed operand arrives transposed (SOFT's
     landmarks: from A = κ(Q̃, Q̃)).
     """
-    if (_GELU_BACKWARD_MISREADS_STRIDES and y.requires_grad and y.device.type == 'cpu'
-            and not is_compiling()):
+    if (y.requires_grad and y.device.type == 'cpu' and not is_compiling()
+            and not torch.jit.is_tracing() and _gelu_backward_misreads_strides()):
         y.register_hook(torch.Tensor.contiguous)
     return y
 
