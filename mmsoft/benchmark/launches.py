@@ -58,7 +58,7 @@ def section_launches(args, out):
               f'matrices) | training step, batch {args.train_batch}: the same |',
               '|---|---|---|---|'] + work
     lines.append('\nThe floating-point operations of the matrix products (mm, bmm, addmm, '
-                 "baddbmm: 2·M·K·N each) in the same steps; in parentheses those of products "
-                 "of two square matrices of one size, SOFT's m×m iterate among them (its "
-                 "TF32 and float32 products alike).")
+                 "baddbmm, also in place: 2·M·K·N each) in the same steps; in parentheses "
+                 "those of products of two square matrices of one size, SOFT's m×m iterate "
+                 "among them (its TF32 and float32 products alike).")
     return lines

@@ -15,9 +15,10 @@ __all__ = ['LaunchCounter', 'MATMULS', 'NO_KERNEL_OPS']
 # Operators that reach the backend but launch no kernel: allocation and metadata.
 NO_KERNEL_OPS = frozenset({'empty', 'empty_like', 'empty_strided', 'new_empty', 'detach',
                            'alias', 'lift_fresh', '_unsafe_view'})
-# The matrix products below autograd (``linear`` and ``matmul`` reach them), and which
-# of their arguments are the two factors.
-MATMULS = {'mm': (0, 1), 'bmm': (0, 1), 'addmm': (1, 2), 'baddbmm': (1, 2)}
+# The matrix products below autograd (``linear`` and ``matmul`` reach them; the in-place
+# forms accumulate P's row chunks), and which of their arguments are the two factors.
+MATMULS = {'mm': (0, 1), 'bmm': (0, 1), 'addmm': (1, 2), 'baddbmm': (1, 2), 'addmm_': (1, 2),
+           'baddbmm_': (1, 2)}
 
 
 class LaunchCounter(TorchDispatchMode):

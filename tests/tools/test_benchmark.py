@@ -115,7 +115,8 @@ def test_launch_counts(tmp_path, monkeypatch):
 
 def test_launch_counter_adds_up_matrix_product_flops():
     """2·M·K·N per product and batch entry, whichever operator runs it (bmm; addmm from
-    linear; mm from @), the products of two square matrices of one size apart."""
+    linear; mm from @; baddbmm_ accumulating in place, as P's row chunks do), the products
+    of two square matrices of one size apart."""
     import torch
 
     from mmsoft.testing import LaunchCounter
@@ -125,7 +126,10 @@ def test_launch_counter_adds_up_matrix_product_flops():
         torch.nn.functional.linear(torch.zeros(5, 4, **meta), torch.zeros(6, 4, **meta),
                                    torch.zeros(6, **meta))
         torch.zeros(2, 8, **meta) @ torch.zeros(8, 3, **meta)
-    assert count.matmul_flops == {'square': 3 * 2 * 8**3, 'other': 2 * 5 * 4 * 6 + 2 * 2 * 8 * 3}
+        torch.zeros(4, 7, 3, **meta).baddbmm_(torch.zeros(4, 7, 5, **meta),
+                                               torch.zeros(4, 5, 3, **meta))
+    assert count.matmul_flops == {'square': 3 * 2 * 8**3,
+                                  'other': 2 * 5 * 4 * 6 + 2 * 2 * 8 * 3 + 4 * 2 * 7 * 5 * 3}
 
 
 def test_compile_rows(tmp_path, capsys, monkeypatch):
