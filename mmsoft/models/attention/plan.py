@@ -25,6 +25,9 @@ changes what is computed, only how (up to float rounding):
                        not formed whole (``soft.py``)
     kernel_once_up_to  without gradients P is formed whole up to this many elements
                        (None: always); above, the chunked products run twice
+    compiled_kernel_chunks
+                       under torch.compile, P in this many row chunks whatever its
+                       size (one graph for every image size)
     local_conv_layout  how ``HeadSharedConv`` runs the depthwise conv on V ('images':
                        the official grouped conv; 'channels': one depthwise conv over
                        V's h·d channels)
@@ -90,6 +93,7 @@ class AttentionPlan:
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
+        compiled_kernel_chunks (int): row chunks of P under torch.compile.
         local_conv_layout (str): 'images' or 'channels'.
         order (str): 'thin' or 'official'.
     """
@@ -101,6 +105,7 @@ class AttentionPlan:
     spectral_inference: str = 'eigh'
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
+    compiled_kernel_chunks: int = 4
     local_conv_layout: str = 'images'
     order: str = 'thin'
 
@@ -126,6 +131,9 @@ class AttentionPlan:
         check_spectral_inference(self.spectral_inference)
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
+        chunks = self.compiled_kernel_chunks
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+            raise ValueError(f'compiled_kernel_chunks must be a positive int, got {chunks!r}')
         once = self.kernel_once_up_to
         if once is not None and (not isinstance(once, int) or once < 0):
             raise ValueError(f'kernel_once_up_to must be None or an int >= 0, got {once!r}')
@@ -301,6 +309,16 @@ class AttentionPlan:
 #   2^18 509). Inference, P once was fastest or within 0.1 ms of the fastest chunk at
 #   every stage and size (800×1344 stage 1, P of 2^27.1 elements: 4.1 ms vs 6.1 ms with
 #   2^24 chunks).
+#
+# compiled_kernel_chunks: 4 on every device (docs/benchmark/cpu_compile_2026-11-27.md).
+#   Under torch.compile a chunk count from the size (eager's) made Dynamo compile a graph
+#   per count, each slowly: SOFT-T's training step at 4 sizes on the CPU, the second size
+#   104 s and the third 177 s, against 26 s for the second with 4 chunks, which the next
+#   sizes reused. Fewer chunks, a smaller graph: SOFT-S's training step with the chunks
+#   CUDA's plan takes at 800×1344 and batch 2 (17, 9, 6 per layer in stages 1-3) 16.8k
+#   ATen operators and 200 s in Inductor on the CPU, with 4 chunks 12.5k and 149 s (one:
+#   9.1k). Not yet measured on a GPU: the compiled step's time and peak memory (stage 1's
+#   P at 800×1344, batch 2, in chunks of 282 MB instead of 64 MB).
 #
 # local_conv_layout: `--sections dwconv --sizes 512x512 800x1344` (stages 1-3)
 # - cpu: 'channels' faster at every stage and size, most at stage 1 (800×1344: forward

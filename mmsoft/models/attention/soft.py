@@ -71,18 +71,28 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-def _row_chunks(fq, fl, chunk):
-    """Row ranges of P = κ(q, l) of about ``chunk`` elements (the plan's
-    ``kernel_chunk``), for features (b, N, K) and (b, m, K).
+def _chunk_count(q, landmarks, plan):
+    """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
+    most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
+    ``compiled_kernel_chunks``, whatever the size.
 
-    Written over the number of chunks rather than ``range(0, N, step)``: under
-    ``torch.compile`` that range fixes N (the token count) to its traced value, so every
-    new image size compiled a new graph; this way a graph holds for every size with the
-    same number of chunks (tests/models/backbones/test_soft.py).
+    Under torch.compile a count from the size would be part of the graph: Dynamo would
+    compile a graph for every count a detector's image sizes give, each slowly (the
+    count's arithmetic on symbolic sizes), and fall back to eager once its recompile
+    limit is reached. With a fixed count one graph holds for every size
+    (tests/models/backbones/test_soft.py).
     """
-    (b, N, _), m = fq.shape, fl.shape[-2]
-    step = max(1, chunk // max(1, b * m))
-    return [(k * step, min((k + 1) * step, N)) for k in range((N + step - 1) // step)]
+    if is_compiling():
+        return plan.compiled_kernel_chunks
+    N, bm = q.shape[-2], q[..., 0, 0].numel() * landmarks.shape[-2]
+    step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
+    return -(-N // step)
+
+
+def _row_parts(count, *tensors):
+    """The tensors' rows (dim 1, of one length N) in ``count`` parts, the same partition
+    for each: ``torch.tensor_split``'s, sizes within one row of each other."""
+    return zip(*(t.tensor_split(count, 1) for t in tensors))
 
 
 def _add_product(acc, a, b):
@@ -119,28 +129,27 @@ def _features_of(q, landmarks):
         return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
-def _kernel_product(fq, fl, w3, chunk, transpose=False):
+def _kernel_product(fq, fl, w3, count, transpose=False):
     """P·W, or Pᵀ·W, for P = κ from the features, one row chunk of P at a time.
 
     Args:
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        chunk (int): row chunks of P of about this many elements (``_row_chunks``).
+        count (int): P's row chunks (``_chunk_count``).
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
     """
-    chunks = _row_chunks(fq, fl, chunk)
     if not transpose:
-        return _cat_rows([_kernel(fq[:, i:j], fl) @ w3 for i, j in chunks])
+        return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
-    for i, j in chunks:
-        out = _add_product(out, _kernel(fq[:, i:j], fl).transpose(-1, -2), w3[:, i:j])
+    for q, w in _row_parts(count, fq, w3):
+        out = _add_product(out, _kernel(q, fl).transpose(-1, -2), w)
     return out
 
 
-def _kernel_backward(fq, fl, chunk, grad, transpose, left, right, needs):
+def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
     """One backward pass over P's row chunks, P = κ from the features recomputed per chunk.
 
     For out = P·W (Pᵀ·W if ``transpose``) with ∇out = ``grad``: ∇W = Pᵀ·∇out (P·∇out).
@@ -151,6 +160,7 @@ def _kernel_backward(fq, fl, chunk, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
+        count (int): P's row chunks (``_chunk_count``).
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -161,18 +171,19 @@ def _kernel_backward(fq, fl, chunk, grad, transpose, left, right, needs):
     need_w, need_q, need_l = needs
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
-    for i, j in _row_chunks(fq, fl, chunk):
-        P = _kernel(fq[:, i:j], fl)  # (b, rows, m)
+    rows = (fq, left) if transpose else (fq, left, grad)  # split along P's rows
+    for q, left_rows, *grad_rows in _row_parts(count, *rows):
+        P = _kernel(q, fl)  # (b, rows, m)
         if need_w and transpose:
             grad_w_rows.append(P @ grad)
         elif need_w:
-            grad_w = _add_product(grad_w, P.transpose(-1, -2), grad[:, i:j])
+            grad_w = _add_product(grad_w, P.transpose(-1, -2), grad_rows[0])
         if need_q or need_l:
-            G = torch.bmm(left[:, i:j], right.transpose(-1, -2)).mul_(P)
+            G = torch.bmm(left_rows, right.transpose(-1, -2)).mul_(P)
             if need_q:
                 grad_fq.append(G @ fl)
             if need_l:
-                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), fq[:, i:j])
+                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), q)
     if grad_w_rows:
         grad_w = _cat_rows(grad_w_rows)
     grad_q = _features_grad(_cat_rows(grad_fq), fq) if need_q else None
@@ -191,10 +202,10 @@ class _KernelMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, transpose, chunk, fq, fl):
+    def forward(ctx, q, l, w, transpose, count, fq, fl):
         ctx.save_for_backward(q, l, w)
-        ctx.transpose, ctx.chunk = transpose, chunk
-        out = _kernel_product(fq, fl, _flat(w), chunk, transpose)
+        ctx.transpose, ctx.count = transpose, count
+        out = _kernel_product(fq, fl, _flat(w), count, transpose)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -204,7 +215,7 @@ class _KernelMatmul(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         w3, grad = _flat(w), _flat(grad)
         left, right = (w3, grad) if ctx.transpose else (grad, w3)  # ∇P = left·rightᵀ
-        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunk, grad, ctx.transpose,
+        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.count, grad, ctx.transpose,
                                                   left, right, (need_w, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_w, w),
                 None, None, None, None)
@@ -226,10 +237,10 @@ class _KernelIn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, v, link, chunk, fq, fl):
+    def forward(ctx, q, l, v, link, count, fq, fl):
         ctx.save_for_backward(q, l, v)
-        ctx.link, ctx.chunk = link, chunk
-        Z = _kernel_product(fq, fl, _flat(v), chunk, transpose=True)  # (b, m, d)
+        ctx.link, ctx.count = link, count
+        Z = _kernel_product(fq, fl, _flat(v), count, transpose=True)  # (b, m, d)
         return Z.view(*v.shape[:-2], *Z.shape[-2:])
 
     @staticmethod
@@ -245,7 +256,7 @@ class _KernelIn(torch.autograd.Function):
             # ∇P of both products: [∇out, V]: (b, N, 2d) times [W, ∇Z]ᵀ: (b, 2d, m)
             left = torch.cat([_flat(grad_out), v3], -1)
             right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
-        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunk, grad_z, True, left,
+        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.count, grad_z, True, left,
                                                   right, (need_v, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_v, v),
                 None, None, None, None)
@@ -262,11 +273,11 @@ class _KernelOut(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, link, chunk, fq, fl):
+    def forward(ctx, q, l, w, link, count, fq, fl):
         ctx.save_for_backward(q, l)
-        ctx.link, ctx.chunk, ctx.w_shape = link, chunk, w.shape
+        ctx.link, ctx.count, ctx.w_shape = link, count, w.shape
         link['W'] = w.detach()
-        out = _kernel_product(fq, fl, _flat(w), chunk)
+        out = _kernel_product(fq, fl, _flat(w), count)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -275,29 +286,29 @@ class _KernelOut(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         # ∇out as autograd gave it and the features, until _KernelIn's backward takes them
         ctx.link.update(grad_out=grad, features=(fq, fl))
-        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunk, transpose=True)  # (b, m, d)
+        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.count, transpose=True)  # (b, m, d)
         return None, None, grad_w.view(ctx.w_shape), None, None, None, None
 
 
-def kernel_matmul(q, landmarks, w, transpose=False, chunk=None):
+def kernel_matmul(q, landmarks, w, transpose=False, plan=None):
     """κ(q, landmarks)·w, or κ(q, landmarks)ᵀ·w, without keeping κ for backward.
 
     Args:
         q (Tensor): (..., N, d)
         landmarks (Tensor): (..., m, d)
         w (Tensor): (..., m, n), or (..., N, n) if ``transpose``
-        chunk (int, optional): row chunks of κ of about this many elements; None: the
-            plan's ``kernel_chunk`` for q's device type.
+        plan (AttentionPlan, optional): κ's row chunks are its ``kernel_chunk``'s (its
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
+            plan in force for q's device type.
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    if chunk is None:
-        chunk = plan_for(q.device.type).kernel_chunk
-    return _KernelMatmul.apply(q, landmarks, w, transpose, chunk,
+    count = _chunk_count(q, landmarks, plan or plan_for(q.device.type))
+    return _KernelMatmul.apply(q, landmarks, w, transpose, count,
                                *_features_of(q, landmarks))
 
 
-def kernel_attention(q, landmarks, v, middle, lm=None, chunk=None):
+def kernel_attention(q, landmarks, v, middle, lm=None, plan=None):
     """P·middle(l̃, Pᵀ·V) for P = κ(q, landmarks) in row chunks, never kept for backward.
 
     The backward of the first product forms one G = ∇P ⊙ P for both (``_KernelIn``,
@@ -313,23 +324,23 @@ def kernel_attention(q, landmarks, v, middle, lm=None, chunk=None):
             differentiable in both.
         lm (Tensor, optional): the landmarks ``middle`` takes, l̃ (e.g. in float32 for
             half-precision q); None: ``landmarks``.
-        chunk (int, optional): row chunks of P of about this many elements; None: the
-            plan's ``kernel_chunk`` for q's device type.
+        plan (AttentionPlan, optional): P's row chunks are its ``kernel_chunk``'s (its
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
+            plan in force for q's device type.
     Returns:
         Tensor: (..., N, d) in q's dtype.
     """
     lm = landmarks if lm is None else lm
-    if chunk is None:
-        chunk = plan_for(q.device.type).kernel_chunk
+    count = _chunk_count(q, landmarks, plan or plan_for(q.device.type))
     features = _features_of(q, landmarks)
     if is_compiling() or torch.jit.is_tracing():
-        Z = _KernelMatmul.apply(q, landmarks, v, True, chunk, *features)  # (..., m, d)
+        Z = _KernelMatmul.apply(q, landmarks, v, True, count, *features)  # (..., m, d)
         W = middle(lm, Z.to(lm.dtype))
-        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunk, *features)
+        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, count, *features)
     link = {}  # W, and in backward ∇out, from _KernelOut to _KernelIn
-    Z = _KernelIn.apply(q, landmarks, v, link, chunk, *features)  # (..., m, d)
+    Z = _KernelIn.apply(q, landmarks, v, link, count, *features)  # (..., m, d)
     W = middle(lm, Z.to(lm.dtype))
-    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, chunk, *features)
+    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, count, *features)
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
@@ -384,7 +395,7 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         if chunked:  # the kernel features once for both products
             middle = partial(_landmark_middle, iters=iters, normalize=normalize,
                              method=method, plan=plan)
-            return kernel_attention(qc, lc, vc, middle, lm, plan.kernel_chunk)
+            return kernel_attention(qc, lc, vc, middle, lm, plan)
         # The landmarks' features serve A and P (unless P runs in another dtype: autocast,
         # half inputs). Not in training, where they would have to exist before the kernel
         # products' Function: the landmarks' gradients are then summed in another order

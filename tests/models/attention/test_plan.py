@@ -73,6 +73,8 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(pinv='auto'), ValueError),  # a plan names concrete methods
     (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry for every m
     (dict(kernel_chunk=0), ValueError),
+    (dict(compiled_kernel_chunks=0), ValueError),
+    (dict(compiled_kernel_chunks=True), ValueError),  # not a count
     (dict(order='fast'), ValueError),
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),

@@ -512,21 +512,29 @@ def test_traces_into_one_graph(mode):
         grad = model.block1[0].att.mha.W_q.weight.grad
         results.append(([o.detach() for o in outs], None if grad is None else grad.clone()))
     (ref_outs, ref_grad), (outs, grad) = results
+    # the compiled graph computes P in its own row chunks (the plan's
+    # compiled_kernel_chunks; eager here: one), so Pᵀ·V sums in another order: float32
+    # rounding, each order within the fidelity floor (1e-5) of float64 (measured up to
+    # 1.8e-6 on the outputs, 7e-7 on the gradient)
     for o, r in zip(outs, ref_outs):
-        assert rel_err(o, r) < 1e-6
+        assert rel_err(o, r) < 1e-5
     if mode == 'train':
-        assert rel_err(grad, ref_grad) < 1e-6
+        assert rel_err(grad, ref_grad) < 1e-5
 
 
-@pytest.mark.slow  # Dynamo traces the training forward twice: over a minute on 2 CPU cores
+@pytest.mark.slow  # Dynamo traces the training forward twice: ~35 s on 2 CPU cores
 @needs_one_graph_dynamo
-def test_training_graph_holds_across_image_sizes():
+def test_training_graph_holds_across_image_sizes(force_plan):
     """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
     first size, torch.compile traces one graph with dynamic sizes, and that graph must
     hold for the next sizes: nothing may fix the token count N to its traced value
-    (``range(0, N, step)`` over P's row chunks did: a new graph per size)."""
+    (``range(0, N, step)`` over P's row chunks did), nor P's number of row chunks,
+    which eager mode takes from the size (a graph per count did, each traced slowly).
+    With ``kernel_chunk=1`` every size here has another count in eager mode (one chunk
+    per row); under torch.compile P runs in ``compiled_kernel_chunks`` chunks."""
     import torch._dynamo
     torch._dynamo.reset()
+    force_plan(kernel_chunk=1, device='cpu')
     graphs = []
 
     def backend(gm, example_inputs):
