@@ -194,6 +194,7 @@ def measure(model, size, device, repeat, train=False, mode=None, batch=1,
         # size would reuse the first's entry and recompile with dynamic shapes
         torch.compiler.reset()
         run = torch.compile(model, mode=compile_mode)
+        before = compile_state()
         repeat = max(repeat, 1)
     x = torch.randn(batch, 3, *size, device=device, requires_grad=False)
     times = []
@@ -219,8 +220,48 @@ def measure(model, size, device, repeat, train=False, mode=None, batch=1,
             elif compile_mode:
                 print(f'  compiled {type(model).__name__} '
                       f'({"training" if train else "inference"}, {compile_mode}) in '
-                      f'{time.perf_counter() - t0:.1f} s', flush=True)
+                      f'{time.perf_counter() - t0:.1f} s: {compile_phases(before)}',
+                      flush=True)
     return float(np.median(times))
+
+
+# Dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``: name -> seconds of
+# each timed call) that tell a compilation's phases apart: per phase, the timers summed,
+# as torch 2.14 (and 2.11) names them, or else as torch 2.1 does; a phase whose timers a
+# release lacks is left out.
+_LOCALS = 'compile_fx.<locals>.'
+COMPILE_PHASES = (
+    ('Dynamo and the backend on the forward graph',
+     (('_compile.compile_inner',), ('_compile.<locals>.compile_inner',))),
+    ("Dynamo's tracing of the Python code", (('bytecode_tracing',),)),
+    ("AOTAutograd's tracing of forward and backward", (('aot_trace_joint_graph',),)),
+    ('Inductor on the forward and backward graphs',
+     (('compile_fx_inner',), (_LOCALS + 'fw_compiler_base', _LOCALS + 'bw_compiler'))),
+    ("waiting for Inductor's kernels to compile", (('async_compile.wait',),)),
+)
+
+
+def compile_state():
+    """Where Dynamo's and Inductor's cumulative counters stand: ({timer: seconds},
+    operators Dynamo captured, kernels Inductor generated)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._inductor import metrics
+    return ({k: sum(v) for k, v in compilation_time_metrics.items()},
+            counters['stats']['calls_captured'], metrics.generated_kernel_count)
+
+
+def compile_phases(before):
+    """The compilation since ``before`` (``compile_state()``) by phase, as one line: which
+    phase a slow compilation spends its time in (the backward graph compiles at the first
+    backward, outside the first phase)."""
+    (t0, ops0, k0), (t1, ops1, k1) = before, compile_state()
+    parts = []
+    for label, spellings in COMPILE_PHASES:
+        keys = next((keys for keys in spellings if any(k in t1 for k in keys)), ())
+        if keys:  # the first spelling this release records
+            parts.append(f'{label} {sum(t1.get(k, 0) - t0.get(k, 0) for k in keys):.1f} s')
+    parts.append(f'{ops1 - ops0} operators captured, {k1 - k0} kernels generated')
+    return '; '.join(parts)
 
 
 def sync(device):

@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -420,6 +421,29 @@ def test_each_compiled_measurement_is_a_static_graph(monkeypatch):
     for size in ((16, 16), (24, 32), (40, 24)):
         measure(model, size, 'cpu', repeat=0, compile_mode='default')
     assert dynamic == [False] * 3
+
+
+def test_compiled_measurement_prints_where_compiling_went(monkeypatch, capsys):
+    """A compiled measurement prints its compilation by phase (Dynamo's timers) and how
+    many operators Dynamo captured: what tells a compilation that takes minutes apart
+    (tracing, AOTAutograd, Inductor's kernels). 'aot_eager' here: Dynamo and
+    AOTAutograd without Inductor's code generation."""
+    import torch
+
+    from mmsoft.benchmark.common import measure
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, 'compile',
+                        lambda model, mode=None: real_compile(model, backend='aot_eager'))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                                torch.nn.Conv2d(4, 2, 1))
+    measure(model, (16, 16), 'cpu', repeat=0, train=True, compile_mode='default')
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if 'compiled' in ln)
+    assert 'compiled Sequential (training, default) in ' in line
+    phase = re.search(r'Dynamo and the backend on the forward graph (\d+\.\d) s', line)
+    total = float(re.search(r' in (\d+\.\d) s:', line).group(1))
+    assert phase and float(phase.group(1)) <= total + 0.1, line
+    # the two convolutions and the ReLU, counted since this measurement's reset
+    assert re.search(r'; 3 operators captured, \d+ kernels generated$', line), line
 
 
 def test_kernel_section_forces_each_chunk(monkeypatch):
