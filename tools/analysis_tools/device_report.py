@@ -23,7 +23,7 @@ runs. The steps, by part (one call of a lent GPU machine each):
   matmul         benchmark --sections matmul: one m×m product in float32, TF32 and split
                  TF32 (ms, TFLOP/s): do TF32 products reach the tensor cores?
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
-  afresh, in one round, and prints how long compiling took)
+  afresh, in one round, and prints how long compiling took, by phase)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
                  its stages replayed from CUDA graphs (cuda_graphs; exact and
                  landmark_grid=16) against eager SOFT-S and Swin-T, three rounds
