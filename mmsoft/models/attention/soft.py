@@ -16,6 +16,7 @@ landmarks' features serve both P and the m×m kernel A), clamped and exponentiat
 place: three passes over an N×m tensor and no copies, in training too, where the
 products with the features also give the norms' gradients (``_KernelMatmul``).
 """
+import math
 from functools import partial
 
 import torch
@@ -71,10 +72,11 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-def _chunk_count(q, landmarks, plan):
+def _chunk_count(q, landmarks, plan=None):
     """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
-    ``compiled_kernel_chunks``, whatever the size.
+    ``compiled_kernel_chunks``, whatever the size. None: the plan in force for q's
+    device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -82,9 +84,11 @@ def _chunk_count(q, landmarks, plan):
     limit is reached. With a fixed count one graph holds for every size
     (tests/models/backbones/test_soft.py).
     """
+    if plan is None:
+        plan = plan_for(q.device.type)
     if is_compiling():
         return plan.compiled_kernel_chunks
-    N, bm = q.shape[-2], q[..., 0, 0].numel() * landmarks.shape[-2]
+    N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
     step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
     return -(-N // step)
 
@@ -303,7 +307,7 @@ def kernel_matmul(q, landmarks, w, transpose=False, plan=None):
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    count = _chunk_count(q, landmarks, plan or plan_for(q.device.type))
+    count = _chunk_count(q, landmarks, plan)
     return _KernelMatmul.apply(q, landmarks, w, transpose, count,
                                *_features_of(q, landmarks))
 
@@ -331,7 +335,7 @@ def kernel_attention(q, landmarks, v, middle, lm=None, plan=None):
         Tensor: (..., N, d) in q's dtype.
     """
     lm = landmarks if lm is None else lm
-    count = _chunk_count(q, landmarks, plan or plan_for(q.device.type))
+    count = _chunk_count(q, landmarks, plan)
     features = _features_of(q, landmarks)
     if is_compiling() or torch.jit.is_tracing():
         Z = _KernelMatmul.apply(q, landmarks, v, True, count, *features)  # (..., m, d)
