@@ -128,6 +128,9 @@ def path_plan(name, device):
                               with m zero-padded to a multiple of N; without gradients
                               the last K float32 steps applied to the thin matrix
       tf32x3                  three TF32 products of split operands per product
+      fused                   the plan of ``device``'s type with P's products in fused
+                              Triton kernels (``kernel_products='fused'``; CUDA, or
+                              Triton's interpreter)
     """
     from mmsoft.models.attention import PLANS, plan_for
     base = plan_for(torch.device(device).type)
@@ -149,9 +152,11 @@ def path_plan(name, device):
     }
     if name in fixed:
         return fixed[name]
+    if name == 'fused':  # not in ``fixed``: the plan checks that Triton is installed
+        return replace(base, kernel_products='fused')
     match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
     if match is None:
-        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or '
+        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed) + ["fused"]} or '
                          'tf32-F-L[-padN][-thinK]')
     first, last, pad, thin = match.groups()
     return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),

@@ -23,6 +23,7 @@ import torch
 
 from mmsoft.models.attention import attention_plan
 from mmsoft.models.attention.dtypes import new_tf32_flags
+from mmsoft.models.attention.plan import triton_available
 
 from .common import build, fmt, parse_size, time_call
 
@@ -293,13 +294,13 @@ def _kernel_once(q, lm, v, w):
         return P @ w
 
 
-def _kernel_chunked(device, chunk, train, q, lm, v, w):
+def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks'):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), with backward if ``train``: then as training runs
-    them, W = κᵀ·V with one G for both products (``kernel_attention``, the middle left
-    out)."""
+    forced for this device type), or in the fused kernels (``products='fused'``), with
+    backward if ``train``: then as training runs them, W = κᵀ·V with one G for both
+    products (``kernel_attention``, the middle left out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
-    with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None,
+    with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None, kernel_products=products,
                         device=torch.device(device).type), torch.set_grad_enabled(train):
         if train:
             kernel_attention(q, lm, v, lambda _, z: z).sum().backward()
@@ -323,6 +324,8 @@ def _kernel_g_each(q, lm, v):
 def section_kernel(args, out):
     """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training."""
     soft = build('SOFT-S')
+    # the fused kernels (Triton) on CUDA; elsewhere they run only in Triton's interpreter
+    fused = args.device == 'cuda' and triton_available()
     cases = {}  # row name -> {variant: fn}
     for size in args.sizes:
         for s, h, d, hw in _soft_stages(soft, size):
@@ -339,6 +342,9 @@ def section_kernel(args, out):
                                             *tensors)
                 if train:
                     fns['a G each'] = partial(_kernel_g_each, *tensors[:3])
+                if fused:
+                    fns['fused'] = partial(_kernel_chunked, args.device, 1, train, *tensors,
+                                           products='fused')
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -347,7 +353,7 @@ def section_kernel(args, out):
         for name, fns in cases.items():
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
-    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
+    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each'] + ['fused'] * fused
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -360,6 +366,8 @@ def section_kernel(args, out):
                  'twice); train: κᵀ·V, then κ·W with W = κᵀ·V, with backward (P recomputed '
                  'chunk by chunk), as training runs them: one G = ∇P ⊙ P for both '
                  "products, and one each ('a G each', at the plan's chunk: as under "
-                 f"torch.compile). The plan's kernel_chunk on {args.device}: the fastest "
-                 'chunk; its kernel_once_up_to: up to which size of P once wins.')
+                 "torch.compile); 'fused': the fused Triton kernels, P never formed "
+                 "(kernel_products='fused'; CUDA). The plan's kernel_chunk on "
+                 f'{args.device}: the fastest chunk; its kernel_once_up_to: up to which '
+                 'size of P once wins.')
     return lines

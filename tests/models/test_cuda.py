@@ -19,13 +19,14 @@ pytestmark = [
 ]
 
 
-# Every exact pinv mode, in the official depthwise-conv layout; the default mode also in
-# the other layout of ``HeadSharedConv``.
-@pytest.mark.parametrize('pinv_method, layout', [
-    *((m, 'images') for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
-    ('auto', 'channels')])
-def test_parity_on_cuda(pinv_method, layout, force_plan):
-    force_plan(local_conv_layout=layout, device='cuda')
+# Every exact pinv mode, in the official depthwise-conv layout and P's products from the
+# library; the default mode also in the other layout of ``HeadSharedConv`` and with P's
+# products in the fused Triton kernels.
+@pytest.mark.parametrize('pinv_method, layout, products', [
+    *((m, 'images', 'chunks') for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
+    ('auto', 'channels', 'chunks'), ('auto', 'images', 'fused')])
+def test_parity_on_cuda(pinv_method, layout, products, force_plan):
+    force_plan(local_conv_layout=layout, kernel_products=products, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
     model = fixture_model(pinv_method=pinv_method).cuda()
     with torch.no_grad():
@@ -34,8 +35,10 @@ def test_parity_on_cuda(pinv_method, layout, force_plan):
         assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, pinv_method, layout)
 
 
-def test_training_gradients_on_cuda_equal_cpu():
-    """One training step's gradients on CUDA (memory-lean path) equal the CPU's.
+@pytest.mark.parametrize('products', ['chunks', 'fused'])
+def test_training_gradients_on_cuda_equal_cpu(products, force_plan):
+    """One training step's gradients on CUDA (memory-lean path; P's products from the
+    library or the fused kernels) equal the CPU's.
 
     The biases of the convs that feed a training-mode BatchNorm (the patch embeddings)
     have a gradient of zero by construction: BatchNorm subtracts the batch mean. Their
@@ -48,6 +51,7 @@ def test_training_gradients_on_cuda_equal_cpu():
     model.train()
     x = torch.randn(2, 3, 96, 128)
     grads = {}
+    force_plan(kernel_products=products, device='cuda')
     for device, dtype in (('cpu', torch.float64), ('cpu', torch.float32),
                           ('cuda', torch.float32)):
         m = model.to(device, dtype)
@@ -91,12 +95,14 @@ def test_soft_small_trains_on_cuda():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize('kwargs', [{}, dict(pinv_method='regularized'),
-                                    dict(landmark_grid=16)], ids=['auto', 'regularized',
-                                                                  'grid16'])
-def test_no_host_device_sync(kwargs):
+@pytest.mark.parametrize('kwargs, products', [
+    ({}, 'chunks'), (dict(pinv_method='regularized'), 'chunks'),
+    (dict(landmark_grid=16), 'chunks'), ({}, 'fused')],
+    ids=['auto', 'regularized', 'grid16', 'fused'])
+def test_no_host_device_sync(kwargs, products, force_plan):
     """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
     raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""
+    force_plan(kernel_products=products, device='cuda')
     model = SOFT(arch='small', **kwargs).cuda()
     x = torch.randn(2, 3, 256, 320, device='cuda')
     torch.cuda.synchronize()

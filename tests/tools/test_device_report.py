@@ -7,6 +7,7 @@ import time
 
 from conftest import ROOT, load_tool
 from mmsoft.benchmark.common import path_plan
+from mmsoft.models.attention.plan import triton_available
 
 
 device_report = load_tool('tools/analysis_tools/device_report.py')
@@ -38,9 +39,11 @@ def test_report_runs_its_steps(tmp_path):
     assert '\n### pinv\n' in report  # the benchmark's headings below the step's
     assert (tmp_path / 'pinv.json').exists()
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
-    assert set(fidelity['outputs']['blank']) == set(device_report.FIDELITY_PATHS)
+    # the fused kernels run on CUDA only
+    paths = set(device_report.FIDELITY_PATHS) - {device_report.FUSED}
+    assert set(fidelity['outputs']['blank']) == paths
     assert set(fidelity['gradients']) == {'astronaut'}
-    assert set(fidelity['gradients']['astronaut']['paths']) == set(device_report.FIDELITY_PATHS)
+    assert set(fidelity['gradients']['astronaut']['paths']) == paths
     assert '===== fidelity' in (tmp_path / 'report.log').read_text()
 
 
@@ -60,6 +63,10 @@ def test_every_step_is_a_command_its_tool_takes():
                 cmd = device_report.command(name, args)
                 parsed = parsers[tool].parse_args(cmd[2:])
                 assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
+                if name in ('fp32', 'fidelity'):  # the fused kernels on CUDA only
+                    paths = parsed.soft_plans if tool == 'benchmark' else parsed.paths
+                    fused = device == 'cuda' and triton_available()
+                    assert (device_report.FUSED in paths) == fused, (name, device)
                 if tool == 'benchmark':
                     assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name
                     for path in parsed.soft_plans:  # benchmark.main checks them so

@@ -18,8 +18,9 @@ Sections (``--sections``, default all):
   kernel   the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's three stages at
            each ``--sizes`` entry: P formed once vs in row chunks of 2^18 … 2^24 elements
            (inference, batch 1) and the chunk sizes with backward (``--train-batch``),
-           all variants in turn for ``--rounds`` rounds: what the plan's
-           ``kernel_chunk`` and ``kernel_once_up_to`` should say
+           and on CUDA the fused Triton kernels, all variants in turn for ``--rounds``
+           rounds: what the plan's ``kernel_chunk``, ``kernel_once_up_to`` and
+           ``kernel_products`` should say
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and

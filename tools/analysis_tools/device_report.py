@@ -10,9 +10,10 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED)
-  fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate
-                 and FORMED (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this
-                 GPU, and what its thin steps gain in inference and training
+  fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
+                 FORMED and FUSED (SPEED_PATHS, --soft-plans): what CUDA's plan gains on
+                 this GPU, what its thin steps gain in inference and training, and what
+                 the fused kernel products gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
@@ -84,12 +85,15 @@ TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
 # the thin matrix, in training too on large kernels): what the floor (fidelity,
 # fidelity-640) and the speed (fp32) of the default are compared with
 FORMED = 'tf32-1-4-pad32'
+# CUDA's plan with P's products in the fused Triton kernels (kernel_products='fused'):
+# its floor (fidelity) and its speed (fp32) beside the plan's
+FUSED = 'fused'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), and FORMED
-SPEED_PATHS = ('iterative', FORMED)
+# default), FORMED and FUSED
+SPEED_PATHS = ('iterative', FORMED, FUSED)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -177,8 +181,12 @@ def machine(device):
 
 
 def command(name, args):
-    """The argv of step ``name``."""
+    """The argv of step ``name``. FUSED is left out of its paths where the fused kernels
+    cannot run: off CUDA (outside Triton's interpreter) and without Triton 3."""
+    from mmsoft.models.attention.plan import triton_available
     _, tool, own, _ = STEPS[name]
+    if args.device != 'cuda' or not triton_available():
+        own = [a for a in own if a != FUSED]
     if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']

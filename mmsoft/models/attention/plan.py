@@ -28,6 +28,9 @@ changes what is computed, only how (up to float rounding):
     compiled_kernel_chunks
                        under torch.compile, P in this many row chunks whatever its
                        size (one graph for every image size)
+    kernel_products    'chunks' (library products over P's row chunks, above) or 'fused'
+                       (Triton kernels that compute P block by block and never write it:
+                       ``fused.py``; float32 on CUDA, eager; otherwise the chunks)
     local_conv_layout  how ``HeadSharedConv`` runs the depthwise conv on V ('images':
                        the official grouped conv; 'channels': one depthwise conv over
                        V's h·d channels)
@@ -54,6 +57,8 @@ the thread that forces it only: another thread (a data loader, a second model) k
 plans in force there. It is safe under ``torch.compile``: Dynamo guards on the plan a
 layer read and recompiles for another one.
 """
+import functools
+import importlib.metadata
 import importlib.util
 import threading
 from contextlib import contextmanager
@@ -74,7 +79,23 @@ __all__ = [
 # 'regularized' (not the T-step iterate: ``newton.regularized_apply``).
 PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 LAYOUTS = ('images', 'channels')
+KERNEL_PRODUCTS = ('chunks', 'fused')
 ORDERS = ('thin', 'official')
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available():
+    """Whether Triton 3 or later is installed (``kernel_products='fused'``; PyTorch's
+    wheels for Linux with CUDA bring it). Read from the package metadata: importing
+    Triton takes a second."""
+    if importlib.util.find_spec('triton') is None:
+        return False
+    for dist in ('triton', 'pytorch-triton'):
+        try:
+            return int(importlib.metadata.version(dist).split('.')[0]) >= 3
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            continue
+    return False
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,7 @@ class AttentionPlan:
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
         compiled_kernel_chunks (int): row chunks of P under torch.compile.
+        kernel_products (str): 'chunks' or 'fused'.
         local_conv_layout (str): 'images' or 'channels'.
         order (str): 'thin' or 'official'.
     """
@@ -106,6 +128,7 @@ class AttentionPlan:
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     compiled_kernel_chunks: int = 4
+    kernel_products: str = 'chunks'
     local_conv_layout: str = 'images'
     order: str = 'thin'
 
@@ -134,6 +157,12 @@ class AttentionPlan:
         chunks = self.compiled_kernel_chunks
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
             raise ValueError(f'compiled_kernel_chunks must be a positive int, got {chunks!r}')
+        if self.kernel_products not in KERNEL_PRODUCTS:
+            raise ValueError(f'kernel_products must be one of {KERNEL_PRODUCTS}, got '
+                             f'{self.kernel_products!r}')
+        if self.kernel_products == 'fused' and not triton_available():
+            raise ValueError("kernel_products='fused' needs Triton 3 or later (installed "
+                             'with PyTorch on Linux with CUDA), which cannot be imported here')
         once = self.kernel_once_up_to
         if once is not None and (not isinstance(once, int) or once < 0):
             raise ValueError(f'kernel_once_up_to must be None or an int >= 0, got {once!r}')

@@ -15,6 +15,10 @@ Every P (or chunk of it) is one product of the thin kernel features
 landmarks' features serve both P and the m×m kernel A), clamped and exponentiated in
 place: three passes over an N×m tensor and no copies, in training too, where the
 products with the features also give the norms' gradients (``_KernelMatmul``).
+
+Where the device's plan says ``kernel_products='fused'``, float32 products run in fused
+Triton kernels instead (``fused.py``, CUDA): P is computed block by block in registers and
+never written to memory, with or without gradients.
 """
 import math
 from functools import partial
@@ -72,11 +76,20 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
+def _fused(q, plan):
+    """Whether P's products run in the fused kernels (``fused.py``): the plan's
+    ``kernel_products`` says 'fused', q is float32, and the code runs eagerly (compiled
+    and traced code keeps the library products)."""
+    return (plan.kernel_products == 'fused' and q.dtype == torch.float32 and
+            not is_compiling() and not torch.jit.is_tracing())
+
+
 def _chunk_count(q, landmarks, plan=None):
     """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
-    ``compiled_kernel_chunks``, whatever the size. None: the plan in force for q's
-    device type.
+    ``compiled_kernel_chunks``, whatever the size; None where the fused kernels compute
+    P's products without forming it (``_fused``). None: the plan in force for q's device
+    type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -86,6 +99,8 @@ def _chunk_count(q, landmarks, plan=None):
     """
     if plan is None:
         plan = plan_for(q.device.type)
+    if _fused(q, plan):
+        return None
     if is_compiling():
         return plan.compiled_kernel_chunks
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
@@ -140,11 +155,14 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        count (int): P's row chunks (``_chunk_count``).
+        count (int | None): P's row chunks (``_chunk_count``); None: the fused kernels.
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
     """
+    if count is None:
+        from .fused import FusedProducts
+        return FusedProducts().product(fq, fl, w3, transpose)
     if not transpose:
         return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
@@ -164,7 +182,7 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
-        count (int): P's row chunks (``_chunk_count``).
+        count (int | None): P's row chunks (``_chunk_count``); None: the fused kernels.
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -172,6 +190,9 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         tuple: ∇W ((b, m, n), or (b, N, n) if ``transpose``), ∇q (b, N, K - 2) and ∇l
         (b, m, K - 2); None where not needed.
     """
+    if count is None:
+        from .fused import FusedProducts
+        return FusedProducts().backward(fq, fl, grad, transpose, left, right, needs)
     need_w, need_q, need_l = needs
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
@@ -388,11 +409,12 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
                       for t in (q, landmarks, v)]
         # P in row chunks (``kernel_attention``) when gradients are needed (then it is
         # never kept for backward) or when it is too large to form at once on this
-        # device; a traced graph keeps the plain products (the chunking is Python-side).
+        # device, and never formed where the fused kernels compute its products; a traced
+        # graph keeps the plain products (the chunking is Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
         once_up_to = plan.kernel_once_up_to
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
-        chunked = (grad or large) and not torch.jit.is_tracing()
+        chunked = (grad or large or _fused(qc, plan)) and not torch.jit.is_tracing()
         # The small m×m landmark kernel A and its inverse always stay in float32.
         dtype = compute_dtype(landmarks)
         lm = landmarks.to(dtype)

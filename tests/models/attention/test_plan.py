@@ -9,6 +9,7 @@ from conftest import needs_one_graph_dynamo
 from mmsoft.models import attention
 from mmsoft.models.attention import (DEFAULT_PLAN, PLANS, AttentionPlan, attention_plan,
                                      plan_for, resolve_pinv_method, soft_attention)
+from mmsoft.models.attention.plan import triton_available
 
 
 def test_plans_are_immutable():
@@ -76,6 +77,7 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(compiled_kernel_chunks=0), ValueError),
     (dict(compiled_kernel_chunks=True), ValueError),  # not a count
     (dict(order='fast'), ValueError),
+    (dict(kernel_products='triton'), ValueError),
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
@@ -94,6 +96,15 @@ def test_bad_choices_are_refused(choices, error):
     with pytest.raises(TypeError, match='AttentionPlan'):
         with attention_plan(dict(order='thin')):
             pass
+
+
+def test_fused_products_need_triton():
+    # Triton 3 comes with PyTorch's wheels for Linux with CUDA (torch 2.1's is 2.1)
+    if triton_available():
+        assert AttentionPlan(kernel_products='fused').kernel_products == 'fused'
+    else:
+        with pytest.raises(ValueError, match='Triton 3'):
+            AttentionPlan(kernel_products='fused')
 
 
 def test_forced_plans_are_thread_local():

@@ -1,0 +1,313 @@
+"""P's products in fused Triton kernels: κ computed block by block, never written to memory.
+
+SOFT's N-sized work is products with P = κ(Q, Q̃) = exp(min(Q̂·Q̃̂ᵀ, 0)) (``soft.py``):
+Pᵀ·V and P·W forward, and backward ∇W, ∇V and G = ∇P ⊙ P with its products with the
+features. Made with library products, each is a pass over an N×m tensor in memory
+(P's row chunks), up to ten per layer in a training step. Here each is one kernel that
+computes a block of P from the thin features in registers, uses it, and drops it, as
+FlashAttention does with softmax attention: memory traffic is the thin matrices only.
+
+Two kernels, both float32 throughout (``tl.dot`` with ``input_precision='ieee'``: no
+TF32, the same floor as the library products), for one flat batch dimension b:
+
+- ``_rows``: a block of BN rows of P at a time, looping over the m landmarks:
+  P·X for an (m, n) X (the attention's output P·W, or ∇V = P·∇Z), and
+  ∇q = G·l̃ - rowsum(G) ⊙ q with G = (L·Rᵀ) ⊙ P (L (N, k) and R (m, k): ∇P = L·Rᵀ).
+- ``_cols``: a block of BM landmarks at a time, looping over a slice of the rows:
+  Pᵀ·Y for an (N, n) Y (Z = Pᵀ·V, or ∇W = Pᵀ·∇out), and ∇l̃ = Gᵀ·q - colsum(G) ⊙ l̃.
+  The rows are cut into slices (``_row_splits``) so that enough programs run; each
+  slice writes its partial sums, added in a fixed order afterwards (deterministic: no
+  atomics).
+
+The logits are q·l̃ - |q|²/2 - |l̃|²/2 (the kernel features' product, ``kernel_features``:
+q, l̃ and the squared norms are read from the features), clamped at 0 and exponentiated
+by CUDA's expf (libdevice's, as PyTorch's exp; ``tl.exp`` is the faster ex2.approx of
+the logits times log₂e, whose rounding would move the maps by up to ~7e-6 of the 1e-5
+floor, as the CPU's ``exp2`` did: docs/en/notes/per_device_plans.md).
+∇q and ∇l̃ follow from ∇q̂ = G·l̂ and ∇l̂ = Gᵀ·q̂ through the features (the squared norm's
+column of l̂ is -1/2: ``soft._features_grad``). The results equal the row-chunked
+library products up to float32 rounding (another order of sums; tests compare both with
+float64).
+
+On CUDA the kernels are compiled by Triton. Elsewhere they run only in Triton's
+interpreter (NumPy, slow), which TRITON_INTERPRET=1 selects when Triton is imported: the
+tests check them there at small sizes, in a process of their own.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+try:  # CUDA's libdevice through Triton's dispatcher (Triton 3.1 on), or directly (3.0)
+    from triton.language.extra import libdevice
+except ImportError:
+    from triton.language.extra.cuda import libdevice
+
+__all__ = ['FusedProducts']
+
+BLOCK_ROWS = 64  # BN: rows of P per block
+BLOCK_COLS = 64  # BM: landmarks per block
+# ``_cols`` programs per streaming multiprocessor the row slices aim at (CUDA); under the
+# interpreter a fixed count of programs, so that tests see slices
+PROGRAMS_PER_SM = 4
+INTERPRETER_PROGRAMS = 8
+
+
+@triton.jit
+def _exp(x, EXACT: tl.constexpr):
+    """exp(x): CUDA's expf (libdevice's, as PyTorch's exp) where ``EXACT``, else
+    ``tl.exp`` (the interpreter's NumPy exp; compiled, ex2.approx: module docstring)."""
+    if EXACT:
+        return libdevice.exp(x)
+    return tl.exp(x)
+
+
+@triton.jit
+def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
+          s_qb, s_qn, s_lb, s_lm, s_xb, s_xm, s_Lb, s_Ln, s_Rb, s_Rm, s_ob, s_on, s_gb, s_gn,
+          HAS_X: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr, BN: tl.constexpr,
+          BM: tl.constexpr, DP: tl.constexpr, XP: tl.constexpr, KP: tl.constexpr):
+    """Program (row block, batch): out = P·X and grad_q = G·l̃ - rowsum(G) ⊙ q on its rows
+    (module docstring). fq (b, N, D + 2), fl (b, M, D + 2): the features; x (b, M, NX);
+    left (b, N, K), right (b, M, K); out (b, N, NX), grad_q (b, N, D)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    b = tl.program_id(1)
+    in_rows = rows < N
+    dd = tl.arange(0, DP)
+    q = tl.load(fq + b * s_qb + rows[:, None] * s_qn + dd[None, :],
+                mask=in_rows[:, None] & (dd[None, :] < D), other=0.)
+    half_sq_q = 0.5 * tl.load(fq + b * s_qb + rows * s_qn + D, mask=in_rows, other=0.)
+    if HAS_X:
+        xx = tl.arange(0, XP)
+        acc = tl.zeros((BN, XP), dtype=tl.float32)
+    if HAS_G:
+        kk = tl.arange(0, KP)
+        lft = tl.load(left + b * s_Lb + rows[:, None] * s_Ln + kk[None, :],
+                      mask=in_rows[:, None] & (kk[None, :] < K), other=0.)
+        acc_g = tl.zeros((BN, DP), dtype=tl.float32)
+        g_sum = tl.zeros((BN, ), dtype=tl.float32)
+    for start in range(0, M, BM):
+        cols = start + tl.arange(0, BM)
+        in_cols = cols < M
+        lm = tl.load(fl + b * s_lb + cols[:, None] * s_lm + dd[None, :],
+                     mask=in_cols[:, None] & (dd[None, :] < D), other=0.)
+        half_sq_l = 0.5 * tl.load(fl + b * s_lb + cols * s_lm + D + 1, mask=in_cols,
+                                  other=0.)
+        logits = (tl.dot(q, tl.trans(lm), input_precision='ieee') - half_sq_q[:, None] -
+                  half_sq_l[None, :])
+        # P of the padding columns is not 0, but their X and R are: they add nothing
+        p = _exp(tl.minimum(logits, 0.), EXACT_EXP)
+        if HAS_X:
+            xb = tl.load(x + b * s_xb + cols[:, None] * s_xm + xx[None, :],
+                         mask=in_cols[:, None] & (xx[None, :] < NX), other=0.)
+            acc += tl.dot(p, xb, input_precision='ieee')
+        if HAS_G:
+            rgt = tl.load(right + b * s_Rb + cols[:, None] * s_Rm + kk[None, :],
+                          mask=in_cols[:, None] & (kk[None, :] < K), other=0.)
+            g = tl.dot(lft, tl.trans(rgt), input_precision='ieee') * p
+            acc_g += tl.dot(g, lm, input_precision='ieee')
+            g_sum += tl.sum(g, 1)
+    if HAS_X:
+        tl.store(out + b * s_ob + rows[:, None] * s_on + xx[None, :], acc,
+                 mask=in_rows[:, None] & (xx[None, :] < NX))
+    if HAS_G:
+        tl.store(grad_q + b * s_gb + rows[:, None] * s_gn + dd[None, :],
+                 acc_g - g_sum[:, None] * q, mask=in_rows[:, None] & (dd[None, :] < D))
+
+
+@triton.jit
+def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
+          s_qb, s_qn, s_lb, s_lm, s_yb, s_yn, s_Lb, s_Ln, s_Rb, s_Rm, s_os, s_ob, s_om,
+          s_gs, s_gb, s_gm,
+          HAS_Y: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr, BN: tl.constexpr,
+          BM: tl.constexpr, DP: tl.constexpr, YP: tl.constexpr, KP: tl.constexpr):
+    """Program (landmark block, batch, row slice): partial sums over the slice's rows of
+    out = Pᵀ·Y and grad_l = Gᵀ·q - colsum(G) ⊙ l̃ (module docstring). y (b, N, NY);
+    out (slices, b, M, NY), grad_l (slices, b, M, D); the rest as ``_rows``."""
+    cols = tl.program_id(0) * BM + tl.arange(0, BM)
+    b = tl.program_id(1)
+    part = tl.program_id(2)
+    in_cols = cols < M
+    dd = tl.arange(0, DP)
+    lm = tl.load(fl + b * s_lb + cols[:, None] * s_lm + dd[None, :],
+                 mask=in_cols[:, None] & (dd[None, :] < D), other=0.)
+    half_sq_l = 0.5 * tl.load(fl + b * s_lb + cols * s_lm + D + 1, mask=in_cols, other=0.)
+    if HAS_Y:
+        yy = tl.arange(0, YP)
+        acc = tl.zeros((BM, YP), dtype=tl.float32)
+    if HAS_G:
+        kk = tl.arange(0, KP)
+        rgt = tl.load(right + b * s_Rb + cols[:, None] * s_Rm + kk[None, :],
+                      mask=in_cols[:, None] & (kk[None, :] < K), other=0.)
+        acc_g = tl.zeros((BM, DP), dtype=tl.float32)
+        g_sum = tl.zeros((BM, ), dtype=tl.float32)
+    lo = part * slice_rows
+    hi = tl.minimum(lo + slice_rows, N)
+    for start in range(lo, hi, BN):
+        rows = start + tl.arange(0, BN)
+        in_rows = rows < hi
+        q = tl.load(fq + b * s_qb + rows[:, None] * s_qn + dd[None, :],
+                    mask=in_rows[:, None] & (dd[None, :] < D), other=0.)
+        half_sq_q = 0.5 * tl.load(fq + b * s_qb + rows * s_qn + D, mask=in_rows, other=0.)
+        logits = (tl.dot(lm, tl.trans(q), input_precision='ieee') - half_sq_l[:, None] -
+                  half_sq_q[None, :])
+        # Pᵀ (BM, BN); its padding rows add nothing (their Y and L are 0)
+        pt = _exp(tl.minimum(logits, 0.), EXACT_EXP)
+        if HAS_Y:
+            yb = tl.load(y + b * s_yb + rows[:, None] * s_yn + yy[None, :],
+                         mask=in_rows[:, None] & (yy[None, :] < NY), other=0.)
+            acc += tl.dot(pt, yb, input_precision='ieee')
+        if HAS_G:
+            lft = tl.load(left + b * s_Lb + rows[:, None] * s_Ln + kk[None, :],
+                          mask=in_rows[:, None] & (kk[None, :] < K), other=0.)
+            gt = tl.dot(rgt, tl.trans(lft), input_precision='ieee') * pt
+            acc_g += tl.dot(gt, q, input_precision='ieee')
+            g_sum += tl.sum(gt, 1)
+    if HAS_Y:
+        tl.store(out + part * s_os + b * s_ob + cols[:, None] * s_om + yy[None, :], acc,
+                 mask=in_cols[:, None] & (yy[None, :] < NY))
+    if HAS_G:
+        tl.store(grad_l + part * s_gs + b * s_gb + cols[:, None] * s_gm + dd[None, :],
+                 acc_g - g_sum[:, None] * lm, mask=in_cols[:, None] & (dd[None, :] < D))
+
+
+def _interpreting():
+    """Whether Triton's kernels run in its interpreter: TRITON_INTERPRET=1 when Triton
+    was imported (it decides when a kernel is decorated)."""
+    return isinstance(_rows, InterpretedFunction)
+
+
+def _pow2(n, least=16):
+    """The power of two ≥ n and ≥ ``least`` (a block's extent; ``tl.dot`` takes ≥ 16)."""
+    return max(least, 1 << max(0, (n - 1).bit_length()))
+
+
+def warps(backward):
+    """Warps per program: 8 forward, 16 for the backward programs, which hold more
+    (BN, BM) blocks (R or L, ∇P, G besides P). Compiled for sm_90 (Triton's ptxas, no GPU
+    needed; tests/models/attention/test_fused.py) every program stays in registers:
+    forward 109-112 per thread with 8 warps (with 4: 168-255); backward 92-114 with 16
+    (with 8: 255 and spills, with 4: 32 and 7.5 kB spilled per thread)."""
+    return 16 if backward else 8
+
+
+def _row_splits(N, programs, device):
+    """How many row slices ``_cols`` cuts the N rows into, for ``programs`` (landmark
+    blocks × batch) programs: enough slices for about ``PROGRAMS_PER_SM`` programs per
+    streaming multiprocessor, at most one per row block."""
+    if device.type == 'cuda':
+        target = PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = INTERPRETER_PROGRAMS
+    return max(1, min(-(-N // BLOCK_ROWS), -(-target // programs)))
+
+
+def _outer_strides(t):
+    """A (b, rows, columns) tensor's batch and row strides (its columns' is 1)."""
+    return t.stride(0), t.stride(1)
+
+
+class FusedProducts:
+    """P's products for ``soft.py``'s autograd functions, in fused kernels (module
+    docstring): ``product`` and ``backward`` with the arguments of ``soft._kernel_product``
+    and ``soft._kernel_backward`` less the row-chunk count. Float32 tensors with unit
+    stride in the last dimension."""
+
+    def product(self, fq, fl, w3, transpose=False):
+        """P·W, (b, N, n), or Pᵀ·W, (b, m, n), for P = κ from the features."""
+        if transpose:
+            out, _ = self._cols_call(fq, fl, y=w3)
+        else:
+            out, _ = self._rows_call(fq, fl, x=w3)
+        return out
+
+    def backward(self, fq, fl, grad, transpose, left, right, needs):
+        """``soft._kernel_backward``'s ∇W, ∇q and ∇l: the rows kernel gives ∇q (and ∇W =
+        P·∇out for Pᵀ·W), the columns kernel ∇l (and ∇W = Pᵀ·∇out for P·W)."""
+        need_w, need_q, need_l = needs
+        grad_w = grad_q = grad_l = None
+        lr = dict(left=left, right=right)
+        if need_q or (need_w and transpose):
+            grad_w_rows, grad_q = self._rows_call(
+                fq, fl, x=grad if need_w and transpose else None, **(lr if need_q else {}))
+            if transpose:
+                grad_w = grad_w_rows
+        if need_l or (need_w and not transpose):
+            grad_w_cols, grad_l = self._cols_call(
+                fq, fl, y=grad if need_w and not transpose else None, **(lr if need_l else {}))
+            if not transpose:
+                grad_w = grad_w_cols
+        return grad_w, grad_q, grad_l
+
+    @staticmethod
+    def _check(*tensors):
+        if not tensors[0].is_cuda and not _interpreting():
+            raise ValueError('the fused kernel products run on CUDA tensors, elsewhere only '
+                             'in Triton\'s interpreter (TRITON_INTERPRET=1 when Triton is '
+                             f'imported); got a tensor on {tensors[0].device}')
+        for t in tensors:
+            if t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1):
+                raise ValueError('the fused kernel products take float32 tensors with unit '
+                                 f'stride in the last dimension, got {t.dtype} with strides '
+                                 f'{t.stride()}')
+
+    def _rows_call(self, fq, fl, x=None, left=None, right=None):
+        self._check(fq, fl, x, left, right)
+        b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
+        M = fl.shape[1]
+        out = grad_q = None
+        if x is not None:
+            out = fq.new_empty(b, N, x.shape[-1])
+        if left is not None:
+            grad_q = fq.new_empty(b, N, D)
+        K = 0 if left is None else left.shape[-1]
+        dummy = fq  # for the pointers a program does not use
+        _rows[(math.ceil(N / BLOCK_ROWS), b)](
+            fq, fl, x if x is not None else dummy, left if left is not None else dummy,
+            right if right is not None else dummy, out if out is not None else dummy,
+            grad_q if grad_q is not None else dummy, N, M, D,
+            0 if x is None else x.shape[-1], K,
+            *_outer_strides(fq), *_outer_strides(fl), *_outer_strides(x if x is not None else dummy),
+            *_outer_strides(left if left is not None else dummy),
+            *_outer_strides(right if right is not None else dummy),
+            *_outer_strides(out if out is not None else dummy),
+            *_outer_strides(grad_q if grad_q is not None else dummy),
+            HAS_X=x is not None, HAS_G=left is not None, EXACT_EXP=not _interpreting(),
+            BN=BLOCK_ROWS, BM=BLOCK_COLS,
+            DP=_pow2(D), XP=_pow2(0 if x is None else x.shape[-1]), KP=_pow2(K),
+            num_warps=warps(left is not None))
+        return out, grad_q
+
+    def _cols_call(self, fq, fl, y=None, left=None, right=None):
+        self._check(fq, fl, y, left, right)
+        b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
+        M = fl.shape[1]
+        blocks = math.ceil(M / BLOCK_COLS)
+        splits = _row_splits(N, blocks * b, fq.device)
+        slice_rows = math.ceil(math.ceil(N / splits) / BLOCK_ROWS) * BLOCK_ROWS
+        splits = math.ceil(N / slice_rows)  # no empty slice
+        out = grad_l = None
+        if y is not None:
+            out = fq.new_empty(splits, b, M, y.shape[-1])
+        if left is not None:
+            grad_l = fq.new_empty(splits, b, M, D)
+        K = 0 if left is None else left.shape[-1]
+        dummy = fq
+        o = out if out is not None else dummy[None]
+        g = grad_l if grad_l is not None else dummy[None]
+        _cols[(blocks, b, splits)](
+            fq, fl, y if y is not None else dummy, left if left is not None else dummy,
+            right if right is not None else dummy, o, g, N, M, D,
+            0 if y is None else y.shape[-1], K, slice_rows,
+            *_outer_strides(fq), *_outer_strides(fl), *_outer_strides(y if y is not None else dummy),
+            *_outer_strides(left if left is not None else dummy),
+            *_outer_strides(right if right is not None else dummy),
+            o.stride(0), o.stride(1), o.stride(2), g.stride(0), g.stride(1), g.stride(2),
+            HAS_Y=y is not None, HAS_G=left is not None, EXACT_EXP=not _interpreting(),
+            BN=BLOCK_ROWS, BM=BLOCK_COLS,
+            DP=_pow2(D), YP=_pow2(0 if y is None else y.shape[-1]), KP=_pow2(K),
+            num_warps=warps(left is not None))
+        # the slices' partial sums, added in slice order
+        return (None if out is None else out.sum(0), None if grad_l is None else grad_l.sum(0))

@@ -1,0 +1,92 @@
+"""The fused kernel products (mmsoft/models/attention/fused.py) run in Triton's
+interpreter, against float64: prints one JSON object of deviations for test_fused.py.
+
+Triton decides when it is imported whether its kernels run in the interpreter, so this
+runs in a process of its own, started with TRITON_INTERPRET=1. Small sizes that are not
+multiples of the kernels' blocks (64 rows, 64 landmarks)."""
+import json
+import os
+
+import torch
+
+from mmsoft.models import SOFT
+from mmsoft.models.attention import attention_plan, soft, soft_attention
+from mmsoft.models.attention.fused import FusedProducts, _row_splits
+from mmsoft.testing import relative_deviation
+from mmsoft.testing.fidelity import (gradient_deviations, output_deviations,
+                                     reference_gradients, reference_outputs)
+
+assert os.environ.get('TRITON_INTERPRET') == '1', 'run with TRITON_INTERPRET=1'
+torch.manual_seed(0)
+result = {}
+
+
+def dev(got, ref):
+    return None if got is None else relative_deviation(got, ref)
+
+
+# The products and the backward passes, on the features of random points (float64
+# reference: the library products over 2 row chunks)
+b, N, m, d = 3, 150, 70, 32
+q = torch.randn(b, N, d, dtype=torch.float64) * 0.5
+lm = torch.randn(b, m, d, dtype=torch.float64) * 0.5
+fq64, fl64 = soft.kernel_features(q), soft.kernel_features(lm, right=True)
+fq, fl = fq64.float(), fl64.float()
+thin = {False: torch.randn(b, m, d, dtype=torch.float64),  # W of P·W
+        True: torch.randn(b, N, d, dtype=torch.float64)}  # V of Pᵀ·V
+fused = FusedProducts()
+result['splits'] = _row_splits(N, -(-m // 64) * b, fq.device)
+result['products'] = {}
+for transpose, w in thin.items():
+    ref = soft._kernel_product(fq64, fl64, w, 2, transpose)
+    result['products'][str(transpose)] = [
+        dev(fused.product(fq, fl, w.float(), transpose), ref),
+        dev(soft._kernel_product(fq, fl, w.float(), 2, transpose), ref)]
+left = torch.randn(b, N, 2 * d, dtype=torch.float64)  # ∇P = left·rightᵀ, depth 2d
+right = torch.randn(b, m, 2 * d, dtype=torch.float64)
+result['backward'] = {}
+for transpose in (False, True):
+    grad = thin[not transpose]  # ∇out: (b, N, d) for P·W, (b, m, d) for Pᵀ·W
+    for needs in ((True, True, True), (True, False, False), (False, True, False),
+                  (False, False, True)):
+        ref = soft._kernel_backward(fq64, fl64, 2, grad, transpose, left, right, needs)
+        args = (grad.float(), transpose, left.float(), right.float(), needs)
+        got = fused.backward(fq, fl, *args)
+        lib = soft._kernel_backward(fq, fl, 2, *args)
+        result['backward'][f'{transpose} {needs}'] = [
+            [dev(g, r) for g, r in zip(got, ref)], [dev(g, r) for g, r in zip(lib, ref)]]
+
+
+# soft_attention, with and without gradients (the hand-over of kernel_attention's
+# backward passes: ∇P of both products)
+def layer(kind, dtype):
+    torch.manual_seed(1)
+    shape = (2, 3)
+    q = (torch.randn(*shape, 130, d, dtype=torch.float64) * 0.4).to(dtype).requires_grad_()
+    lm = (torch.randn(*shape, 40, d, dtype=torch.float64) * 0.4).to(dtype).requires_grad_()
+    v = torch.randn(*shape, 130, d, dtype=torch.float64).to(dtype).requires_grad_()
+    with attention_plan(kernel_products=kind, device='cpu'):
+        out = soft_attention(q, lm, v, pinv_method='iterative')
+        with torch.no_grad():
+            inference = soft_attention(q, lm, v, pinv_method='iterative')
+    (out * torch.linspace(-1, 1, d, dtype=dtype)).sum().backward()
+    return [out.detach(), inference, q.grad, lm.grad, v.grad]
+
+
+ref = layer('chunks', torch.float64)
+result['layer'] = {kind: [dev(g, r) for g, r in zip(layer(kind, torch.float32), ref)]
+                   for kind in ('fused', 'chunks')}
+
+# SOFT-T's output maps and one training step's gradients (BatchNorm in eval mode) against
+# the float64 official order, as tools/analysis_tools/fidelity.py measures the floor
+model = SOFT(arch='tiny', drop_path_rate=0.).eval()
+x = torch.rand(1, 3, 96, 160)
+refs = reference_outputs(model, x)
+grad_refs = reference_gradients(model, x)
+result['backbone'] = {}
+for kind in ('fused', 'chunks'):
+    with attention_plan(kernel_products=kind, device='cpu'):
+        maps = output_deviations(model, x, refs)
+        grads = gradient_deviations(model, x, grad_refs)
+    result['backbone'][kind] = dict(maps=maps, gradient=max(grads.values()))
+print(json.dumps(result))

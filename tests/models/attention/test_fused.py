@@ -1,0 +1,162 @@
+"""P's products in the fused Triton kernels (``kernel_products='fused'``).
+
+Without a GPU the kernels run in Triton's interpreter, which Triton selects when it is
+imported (TRITON_INTERPRET=1): ``fused_checks.py`` runs them in a process of its own and
+prints its deviations from float64, which the tests below bound. On CUDA,
+tests/models/test_cuda.py checks them compiled (parity fixtures, training gradients, no
+host-device syncs).
+"""
+import json
+import os
+import os.path as osp
+import re
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, needs_one_graph_dynamo, rel_err, run
+
+from mmsoft.models.attention import attention_plan, soft_attention
+from mmsoft.models.attention.plan import triton_available
+from mmsoft.testing import GRADIENT_TOL, OUTPUT_TOL
+
+pytestmark = pytest.mark.skipif(not triton_available(),
+                                reason='the fused kernels need Triton 3 or later')
+
+# float32 sums of up to 150 terms against float64: the fused kernels and the library
+# products both measured ≤ 3.8e-7 (products, backward) and ≤ 1.0e-6 (the layer's outputs
+# and gradients); bounds 5× and 4× that
+PRODUCT_TOL = 2e-6
+LAYER_TOL = 4e-6
+
+
+@pytest.fixture(scope='module')
+def interpreted():
+    """``fused_checks.py``'s deviations, run in Triton's interpreter."""
+    out = run([sys.executable, osp.join(osp.dirname(__file__), 'fused_checks.py')], cwd=ROOT,
+              env=dict(TRITON_INTERPRET='1'))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_partial_sums_over_row_slices(interpreted):
+    # the columns kernel summed over more than one slice of the rows
+    assert interpreted['splits'] >= 2
+
+
+@pytest.mark.parametrize('transpose', ['False', 'True'])
+def test_products_match_float64(interpreted, transpose):
+    fused, chunks = interpreted['products'][transpose]
+    assert fused <= PRODUCT_TOL, (fused, chunks)
+    assert chunks <= PRODUCT_TOL  # the library products meet the same bound
+
+
+def test_backward_gives_what_is_needed_within_float32(interpreted):
+    for case, (fused, chunks) in interpreted['backward'].items():
+        needs = eval(case.split(' ', 1)[1])  # (∇W, ∇q, ∇l) asked for
+        for i, need in enumerate(needs):
+            # the same gradients as the library products, None where not asked for
+            assert (fused[i] is None) == (chunks[i] is None) == (not need), case
+            if need:
+                assert fused[i] <= PRODUCT_TOL, (case, i, fused, chunks)
+
+
+def test_attention_layer_matches_float64(interpreted):
+    # outputs with and without gradients, then ∇q, ∇landmarks, ∇v
+    for kind in ('fused', 'chunks'):
+        devs = interpreted['layer'][kind]
+        assert max(devs) <= LAYER_TOL, (kind, devs)
+
+
+def test_backbone_keeps_the_floor(interpreted):
+    # SOFT-T's four output maps and one training step's parameter gradients against the
+    # float64 official order, as tools/analysis_tools/fidelity.py measures the floor
+    for kind in ('fused', 'chunks'):
+        result = interpreted['backbone'][kind]
+        assert max(result['maps']) <= OUTPUT_TOL, (kind, result)
+        assert result['gradient'] <= GRADIENT_TOL, (kind, result)
+
+
+def _layer_inputs(dtype=torch.float32):
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 70, 16, dtype=dtype) * 0.4
+    lm = torch.randn(1, 2, 9, 16, dtype=dtype) * 0.4
+    return q, lm, torch.randn(1, 2, 70, 16, dtype=dtype)
+
+
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
+                    reason="this process runs Triton's interpreter")
+def test_cpu_tensors_need_the_interpreter():
+    with attention_plan(kernel_products='fused', device='cpu'):
+        with pytest.raises(ValueError, match='interpreter'):
+            soft_attention(*_layer_inputs())
+
+
+def test_float64_runs_the_library_products():
+    # the fused kernels are float32 only: float64 keeps P's row chunks (no interpreter
+    # needed in this process)
+    inputs = _layer_inputs(torch.float64)
+    ref = soft_attention(*inputs)
+    with attention_plan(kernel_products='fused', device='cpu'):
+        assert rel_err(soft_attention(*inputs), ref) < 1e-12
+
+
+@needs_one_graph_dynamo
+def test_compiled_code_runs_the_library_products():
+    # under torch.compile P's products keep the row chunks, whatever the plan says
+    inputs = _layer_inputs()
+    ref = soft_attention(*inputs)
+    with attention_plan(kernel_products='fused', device='cpu'):
+        out = torch.compile(soft_attention, backend='eager', fullgraph=True)(*inputs)
+    assert rel_err(out, ref) < 1e-6  # float32: measured identical, one chunk either way
+
+
+def _sm90_resources(kernel, constants, num_warps):
+    """Compile ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU needed, and
+    return cuobjdump's register and stack (spill) use per thread."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    pointers = ('fq', 'fl', 'x', 'y', 'left', 'right', 'out', 'grad_q', 'grad_l')
+    signature = {name: 'constexpr' if name in constants else
+                 '*fp32' if name in pointers else 'i32' for name in kernel.arg_names}
+    source = ASTSource(kernel, signature, constexprs={
+        (kernel.arg_names.index(k), ): v for k, v in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),
+                              options=dict(num_warps=num_warps))
+    tool = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(compiled.asm['cubin'])
+        f.flush()
+        usage = subprocess.run([tool, '-res-usage', f.name], capture_output=True, text=True,
+                               check=True).stdout
+    return {k: int(v) for k, v in re.findall(r'(REG|STACK):(\d+)', usage)}
+
+
+def _nvidia_toolchain():
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError:
+        return False
+    bin_dir = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin')
+    return all(osp.isfile(osp.join(bin_dir, t)) for t in ('ptxas', 'cuobjdump'))
+
+
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1' or not _nvidia_toolchain(),
+                    reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
+@pytest.mark.parametrize('backward', [False, True])
+def test_kernels_compile_for_h100_without_spills(backward):
+    """The programs as ``FusedProducts`` launches them compile for sm_90, and keep their
+    blocks in registers (a spill to local memory would cost each program a round trip
+    to memory per block): the compile a GPU call would otherwise find out about first."""
+    from mmsoft.models.attention import fused
+    shared = dict(HAS_G=backward, EXACT_EXP=True, BN=fused.BLOCK_ROWS, BM=fused.BLOCK_COLS,
+                  DP=32, KP=64 if backward else 16)
+    for kernel, has in ((fused._rows, 'HAS_X'), (fused._cols, 'HAS_Y')):
+        size = 'XP' if has == 'HAS_X' else 'YP'
+        use = _sm90_resources(kernel, {**shared, has: True, size: 32},
+                              fused.warps(backward))
+        assert use['STACK'] == 0 and use['REG'] <= 255, (kernel.__name__, use)
