@@ -27,7 +27,7 @@ def test_cli_help_from_anywhere(tmp_path):
     assert '--sections' in res.stdout and '--json' in res.stdout
     assert benchmark.SECTIONS is SECTIONS
     assert list(SECTIONS) == ['pinv', 'matmul', 'dwconv', 'kernel', 'speed', 'train', 'modes',
-                              'memory', 'scaling', 'launches', 'detector']
+                              'memory', 'scaling', 'launches', 'detector', 'profile']
 
 
 def test_benchmark_sections(tmp_path, capsys):
@@ -230,6 +230,29 @@ def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_profile_lists_each_plans_kernels_by_time(tmp_path, capsys):
+    """The profile section: per size, plan and step, the device's time by kernel (on
+    the CPU the operators' own time), the largest first, within the step's total."""
+    out = tmp_path / 'p.json'
+    benchmark.main(['--device', 'cpu', '--sections', 'profile', '--sizes', '64x64',
+                    '--train-batch', '1', '--soft-plans', 'official', '--json', str(out)])
+    rows = json.loads(out.read_text())['profile']
+    assert set(rows) == {f'64x64 {p} {s}' for p in ('default', 'official')
+                         for s in ('forward', 'train')}
+    for name, row in rows.items():
+        times = [t for _, t, _ in row['top']]
+        assert times == sorted(times, reverse=True) and len(times) == 12, name
+        assert 0 < sum(times) <= row['device'] * (1 + 1e-9) and row['launches'] > 0
+        assert 0 < row['wall']
+    names = {k for row in rows.values() for k, _, _ in row['top']}
+    assert 'aten::bmm' in names or 'aten::mm' in names  # SOFT's products
+    # the training step runs the backward's operators, the forward none
+    assert any('Backward' in k for k, _, _ in rows['64x64 default train']['top'])
+    assert not any('Backward' in k for k, _, _ in rows['64x64 default forward']['top'])
+    printed = capsys.readouterr().out
+    assert '##### SOFT-S 64x64 [official], training step, batch 1: wall ' in printed
+
+
 def test_benchmark_scaling_plot(tmp_path):
     plot, out = tmp_path / 'scaling.png', tmp_path / 's.json'
     benchmark.main(['--device', 'cpu', '--sections', 'scaling', '--sweep', '64x64',

@@ -138,8 +138,9 @@ def _last(cmd, option, n=1):
 def test_compile_steps_measure_one_round_at_one_size():
     """A compiled model is compiled afresh for every measurement: the compile steps run
     one round at the detection size (their own options come last, so argparse keeps
-    them), the CUDA-graph step three rounds at the detection size, the others three
-    rounds at both sizes; --small's toy sizes win everywhere."""
+    them), the CUDA-graph step three rounds at the detection size, the profile one
+    profiled step at the detection size, the others three rounds at both sizes; --small's
+    toy sizes win everywhere."""
     import argparse
     for small in (False, True):
         args = argparse.Namespace(device='cuda', small=small, out='o')
@@ -158,6 +159,8 @@ def test_compile_steps_measure_one_round_at_one_size():
             elif compiled or name == 'graphs':
                 assert _last(cmd, '--rounds') == ['1' if compiled else '3'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--skip-official'], name
+            elif name == 'profile':
+                assert _last(cmd, '--sizes', 2) == ['800x1344', '--soft-plans'], name
             else:
                 assert _last(cmd, '--rounds') == ['3'], name
                 assert _last(cmd, '--sizes', 2) == ['512x512', '800x1344'], name
@@ -172,7 +175,7 @@ def test_parts_split_the_steps():
     assert parts.pop('compile-ro') == parts.pop('compile') == parts.pop('graphs') == 'compile'
     assert {parts.pop(n) for n in ('layout', 'bf16', 'fp16')} == {'extra'}
     assert set(parts.values()) == {'base'}
-    assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fidelity-640', 'fp32',
+    assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fidelity-640', 'fp32', 'profile',
             'memory-modes'} == set(parts)
 
 

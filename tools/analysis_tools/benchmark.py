@@ -43,6 +43,10 @@ Sections (``--sections``, default all):
            the fast mode's ``*_soft-s-grid16_fpn_1x_coco.py``), and of the exact configs
            with Swin-T as the backbone, at ``--detector-size``: the ratio a user
            sees in mmengine's ``time:`` column (needs mmcv's compiled ops)
+  profile  SOFT-S's forward (batch 1) and training step (``--train-batch``) at each
+           ``--sizes`` entry, under its default plan and each ``--soft-plans`` path, by
+           kernel (``torch.profiler``; on a CPU the operators' own time): where the time
+           goes
   scaling  time and peak memory over ``--sweep`` sizes, fitted exponent vs token count,
            with vanilla softmax attention (PVT-Small without spatial reduction) as the
            quadratic baseline; ``--plot FILE.png`` draws it
@@ -52,7 +56,7 @@ speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a
 'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
 size), and its first, compiling call is not timed (it is printed). ``--models`` keeps
 the speed and train sections to the backbones named. ``--soft-plans`` adds SOFT-S under
-other attention plans to both, by the names of tools/analysis_tools/fidelity.py's paths
+other attention plans to both (and to the profile), by the names of tools/analysis_tools/fidelity.py's paths
 (e.g. ``iterative tf32-1-8 tf32-1-2-pad32``): the time of each candidate plan beside the
 floor that fidelity.py measures for it.
 

@@ -17,6 +17,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
+  profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
+                 training step by GPU kernel under the plan, FORMED and FUSED (where
+                 the time goes, and what the thin steps and the fused products change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
@@ -109,6 +112,9 @@ STEPS = {
     'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
+    'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
+                                      '--soft-plans', FORMED, FUSED],
+                "where SOFT-S's time goes, by kernel: the plan, FORMED and FUSED"),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',

@@ -1,0 +1,87 @@
+"""Where SOFT-S's time goes: its forward (batch 1) and training step (``--train-batch``)
+at each ``--sizes`` entry, under its default plan and each ``--soft-plans`` path, profiled
+with ``torch.profiler``: the device's time by kernel (on a GPU the CUDA kernels, on a CPU
+the ATen operators' own time), the largest first. What a plan's speed comes from, and
+what the next change should take on.
+"""
+import time
+
+import torch
+
+from mmsoft.models.attention import attention_plan
+
+from .common import build, fmt, parse_size, path_plan, sync
+
+PROFILE_TOP = 12  # kernels listed per step
+
+
+def _step(model, x, train):
+    if train:
+        model.zero_grad(set_to_none=True)
+        sum(o.mean() for o in model(x)).backward()
+    else:
+        with torch.no_grad():
+            model(x)
+
+
+def _device_time(event, cuda):
+    """An event's own time on the device, in seconds (torch 2.1-2.14 spellings)."""
+    if not cuda:
+        return event.self_cpu_time_total / 1e6
+    us = getattr(event, 'self_device_time_total', None)
+    return (us if us is not None else event.self_cuda_time_total) / 1e6
+
+
+def profile_step(model, size, device, train, batch):
+    """(wall seconds of one step, {kernel: [seconds, launches]}) of ``model`` at ``size``,
+    after two untimed steps (warm-up, kernel compilation)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.device(device).type == 'cuda'
+    model = model.to(device).train(train)
+    x = torch.randn(batch, 3, *parse_size(size), device=device)
+    for _ in range(2):
+        _step(model, x, train)
+    sync(device)
+    t0 = time.perf_counter()
+    _step(model, x, train)
+    sync(device)
+    wall = time.perf_counter() - t0
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        _step(model, x, train)
+        sync(device)
+    kernels = {}
+    for e in prof.key_averages():
+        if getattr(e, 'device_type', kind) == kind and e.count:
+            kernels[e.key] = [_device_time(e, cuda), e.count]
+    return wall, kernels
+
+
+def section_profile(args, out):
+    """SOFT-S's forward and training step by kernel, per plan (module docstring)."""
+    what = 'GPU kernels' if args.device == 'cuda' else "ATen operators' own CPU time"
+    lines, rows = [], {}
+    for size in args.sizes:
+        for path in ['default', *args.soft_plans]:
+            for train in (False, True):
+                batch = args.train_batch if train else 1
+                step = f'training step, batch {batch}' if train else 'forward, batch 1'
+                with attention_plan(path_plan(path, args.device),
+                                    device=torch.device(args.device).type):
+                    wall, kernels = profile_step(build('SOFT-S'), size, args.device, train,
+                                                 batch)
+                total = sum(t for t, _ in kernels.values())
+                launches = sum(n for _, n in kernels.values())
+                top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:PROFILE_TOP]
+                rows[f'{size} {path} {"train" if train else "forward"}'] = dict(
+                    wall=wall, device=total, launches=launches,
+                    top=[[name, t, n] for name, (t, n) in top])
+                lines += [f'\n##### SOFT-S {size} [{path}], {step}: wall {fmt(wall)}, '
+                          f'{what} {fmt(total)} in {launches} calls',
+                          '| time | calls | kernel |', '|---|---|---|']
+                lines += [f'| {fmt(t)} | {n} | {name[:100]} |' for name, (t, n) in top]
+    out['profile'] = rows
+    lines.append(f'\nOne profiled step after two untimed ones; the {PROFILE_TOP} largest '
+                 'by own time. [path]: the plan (default: the device\'s; the others: '
+                 "--soft-plans, the paths of tools/analysis_tools/fidelity.py).")
+    return lines
