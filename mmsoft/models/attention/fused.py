@@ -212,8 +212,7 @@ def _outer_strides(t):
 class FusedProducts:
     """P's products for ``soft.py``'s autograd functions, in fused kernels (module
     docstring): ``product`` and ``backward`` with the arguments of ``soft._kernel_product``
-    and ``soft._kernel_backward`` less the row-chunk count. Float32 tensors with unit
-    stride in the last dimension."""
+    and ``soft._kernel_backward`` less the row-chunk count, float32."""
 
     def product(self, fq, fl, w3, transpose=False):
         """P·W, (b, N, n), or Pᵀ·W, (b, m, n), for P = κ from the features."""
@@ -242,19 +241,21 @@ class FusedProducts:
         return grad_w, grad_q, grad_l
 
     @staticmethod
-    def _check(*tensors):
+    def _prepared(*tensors):
+        """The tensors as the kernels read them: float32 (checked), with unit stride in the
+        last dimension (a gradient autograd expanded from a sum may have none: copied
+        then); None stays None."""
         if not tensors[0].is_cuda and not _interpreting():
             raise ValueError('the fused kernel products run on CUDA tensors, elsewhere only '
                              'in Triton\'s interpreter (TRITON_INTERPRET=1 when Triton is '
                              f'imported); got a tensor on {tensors[0].device}')
         for t in tensors:
-            if t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1):
-                raise ValueError('the fused kernel products take float32 tensors with unit '
-                                 f'stride in the last dimension, got {t.dtype} with strides '
-                                 f'{t.stride()}')
+            if t is not None and t.dtype != torch.float32:
+                raise ValueError(f'the fused kernel products take float32 tensors, got {t.dtype}')
+        return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
     def _rows_call(self, fq, fl, x=None, left=None, right=None):
-        self._check(fq, fl, x, left, right)
+        fq, fl, x, left, right = self._prepared(fq, fl, x, left, right)
         b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
         M = fl.shape[1]
         out = grad_q = None
@@ -281,7 +282,7 @@ class FusedProducts:
         return out, grad_q
 
     def _cols_call(self, fq, fl, y=None, left=None, right=None):
-        self._check(fq, fl, y, left, right)
+        fq, fl, y, left, right = self._prepared(fq, fl, y, left, right)
         b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
         M = fl.shape[1]
         blocks = math.ceil(M / BLOCK_COLS)

@@ -57,6 +57,17 @@ for transpose in (False, True):
             [dev(g, r) for g, r in zip(got, ref)], [dev(g, r) for g, r in zip(lib, ref)]]
 
 
+# a gradient autograd expands from a sum (no unit stride anywhere), for both products
+result['expanded'] = {}
+for transpose in (False, True):
+    ones = torch.ones((), dtype=torch.float64).expand(b, *thin[not transpose].shape[1:])
+    ref = soft._kernel_backward(fq64, fl64, 2, ones, transpose, left, right, (True,) * 3)
+    ones32 = torch.ones(()).expand(ones.shape)  # as autograd hands it over: strides 0
+    assert ones32.stride() == (0, 0, 0)
+    got = fused.backward(fq, fl, ones32, transpose, left.float(), right.float(), (True,) * 3)
+    result['expanded'][str(transpose)] = [dev(g, r) for g, r in zip(got, ref)]
+
+
 # soft_attention, with and without gradients (the hand-over of kernel_attention's
 # backward passes: ∇P of both products)
 def layer(kind, dtype):

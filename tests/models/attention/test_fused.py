@@ -60,6 +60,13 @@ def test_backward_gives_what_is_needed_within_float32(interpreted):
                 assert fused[i] <= PRODUCT_TOL, (case, i, fused, chunks)
 
 
+@pytest.mark.parametrize('transpose', ['False', 'True'])
+def test_backward_takes_an_expanded_gradient(interpreted, transpose):
+    # ∇out of a sum: a float32 scalar expanded, with no unit stride
+    devs = interpreted['expanded'][transpose]
+    assert max(devs) <= PRODUCT_TOL, devs
+
+
 def test_attention_layer_matches_float64(interpreted):
     # outputs with and without gradients, then ∇q, ∇landmarks, ∇v
     for kind in ('fused', 'chunks'):
