@@ -3,7 +3,7 @@
 SOFT's N-sized work is products with P = κ(Q, Q̃) = exp(min(Q̂·Q̃̂ᵀ, 0)) (``soft.py``):
 Pᵀ·V and P·W forward, and backward ∇W, ∇V and G = ∇P ⊙ P with its products with the
 features. Made with library products, each is a pass over an N×m tensor in memory
-(P's row chunks), up to ten per layer in a training step. Here each is one kernel that
+(P's row chunks), several per layer in a training step. Here each is one kernel that
 computes a block of P from the thin features in registers, uses it, and drops it, as
 FlashAttention does with softmax attention: memory traffic is the thin matrices only.
 
@@ -22,8 +22,8 @@ TF32, the same floor as the library products), for one flat batch dimension b:
 The logits are q·l̃ - |q|²/2 - |l̃|²/2 (the kernel features' product, ``kernel_features``:
 q, l̃ and the squared norms are read from the features), clamped at 0 and exponentiated
 by CUDA's expf (libdevice's, as PyTorch's exp; ``tl.exp`` is the faster ex2.approx of
-the logits times log₂e, whose rounding would move the maps by up to ~7e-6 of the 1e-5
-floor, as the CPU's ``exp2`` did: docs/en/notes/per_device_plans.md).
+the logits times log₂e, a rounding like that of the CPU trial with ``exp2``, which moved
+the maps by up to 7e-6 of the 1e-5 floor: docs/en/notes/per_device_plans.md).
 ∇q and ∇l̃ follow from ∇q̂ = G·l̂ and ∇l̂ = Gᵀ·q̂ through the features (the squared norm's
 column of l̂ is -1/2: ``soft._features_grad``). The results equal the row-chunked
 library products up to float32 rounding (another order of sums; tests compare both with
