@@ -119,7 +119,7 @@ def test_compiled_code_runs_the_library_products():
 
 def _sm90_resources(kernel, constants, num_warps):
     """Compile ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU needed, and
-    return cuobjdump's register and stack (spill) use per thread."""
+    return cuobjdump's register and stack (spill) use per thread, and the PTX."""
     import subprocess
     import tempfile
 
@@ -139,7 +139,8 @@ def _sm90_resources(kernel, constants, num_warps):
         f.flush()
         usage = subprocess.run([tool, '-res-usage', f.name], capture_output=True, text=True,
                                check=True).stdout
-    return {k: int(v) for k, v in re.findall(r'(REG|STACK):(\d+)', usage)}
+    use = {k: int(v) for k, v in re.findall(r'(REG|STACK):(\d+)', usage)}
+    return use, compiled.asm['ptx']
 
 
 def _nvidia_toolchain():
@@ -156,14 +157,18 @@ def _nvidia_toolchain():
                     reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
 @pytest.mark.parametrize('backward', [False, True])
 def test_kernels_compile_for_h100_without_spills(backward):
-    """The programs as ``FusedProducts`` launches them compile for sm_90, and keep their
+    """The programs as ``FusedProducts`` launches them compile for sm_90, keep their
     blocks in registers (a spill to local memory would cost each program a round trip
-    to memory per block): the compile a GPU call would otherwise find out about first."""
+    to memory per block) and multiply in float32 on the CUDA cores, with no TF32
+    tensor-core instruction (mma/wgmma), which would miss the floor: what a GPU call would
+    otherwise find out first."""
     from mmsoft.models.attention import fused
     shared = dict(HAS_G=backward, EXACT_EXP=True, BN=fused.BLOCK_ROWS, BM=fused.BLOCK_COLS,
                   DP=32, KP=64 if backward else 16)
     for kernel, has in ((fused._rows, 'HAS_X'), (fused._cols, 'HAS_Y')):
         size = 'XP' if has == 'HAS_X' else 'YP'
-        use = _sm90_resources(kernel, {**shared, has: True, size: 32},
-                              fused.warps(backward))
+        use, ptx = _sm90_resources(kernel, {**shared, has: True, size: 32},
+                                   fused.warps(backward))
         assert use['STACK'] == 0 and use['REG'] <= 255, (kernel.__name__, use)
+        assert 'fma.rn.f32' in ptx and 'tf32' not in ptx, kernel.__name__
+        assert not re.search(r'\bw?mma\.', ptx), kernel.__name__
