@@ -45,7 +45,7 @@ try:  # CUDA's libdevice through Triton's dispatcher (Triton 3.1 on), or directl
 except ImportError:
     from triton.language.extra.cuda import libdevice
 
-__all__ = ['FusedProducts']
+__all__ = ['backward', 'product']
 
 BLOCK_ROWS = 64  # BN: rows of P per block
 BLOCK_COLS = 64  # BM: landmarks per block
@@ -204,111 +204,93 @@ def _row_splits(N, programs, device):
     return max(1, min(-(-N // BLOCK_ROWS), -(-target // programs)))
 
 
-def _outer_strides(t):
-    """A (b, rows, columns) tensor's batch and row strides (its columns' is 1)."""
-    return t.stride(0), t.stride(1)
+def _prepared(*tensors):
+    """The tensors as the kernels read them: float32 (checked), with unit stride in the
+    last dimension (a gradient autograd expanded from a sum may have none: copied then);
+    None stays None."""
+    if not tensors[0].is_cuda and not _interpreting():
+        raise ValueError('the fused kernel products run on CUDA tensors, elsewhere only '
+                         'in Triton\'s interpreter (TRITON_INTERPRET=1 when Triton is '
+                         f'imported); got a tensor on {tensors[0].device}')
+    for t in tensors:
+        if t is not None and t.dtype != torch.float32:
+            raise ValueError(f'the fused kernel products take float32 tensors, got {t.dtype}')
+    return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 
-class FusedProducts:
-    """P's products for ``soft.py``'s autograd functions, in fused kernels (module
-    docstring): ``product`` and ``backward`` with the arguments of ``soft._kernel_product``
-    and ``soft._kernel_backward`` less the row-chunk count, float32."""
+def _pointers(stand_in, *tensors):
+    """The kernel's tensor arguments and their (batch, row) strides (their columns' is 1):
+    ``stand_in`` for each missing one, a pointer its program does not read."""
+    tensors = [stand_in if t is None else t for t in tensors]
+    return tensors, [s for t in tensors for s in (t.stride(0), t.stride(1))]
 
-    def product(self, fq, fl, w3, transpose=False):
-        """P·W, (b, N, n), or Pᵀ·W, (b, m, n), for P = κ from the features."""
+
+def _launch_options(K, backward):
+    """The block sizes, ∇P's depth K padded, the exponential and the warps of a launch."""
+    return dict(EXACT_EXP=not _interpreting(), BN=BLOCK_ROWS, BM=BLOCK_COLS, KP=_pow2(K),
+                num_warps=warps(backward))
+
+
+def _run_rows(fq, fl, x=None, left=None, right=None):
+    """``_rows``: (P·X or None, ∇q or None) for X (b, m, n) and ∇P = left·rightᵀ."""
+    fq, fl, x, left, right = _prepared(fq, fl, x, left, right)
+    b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
+    n = 0 if x is None else x.shape[-1]
+    K = 0 if left is None else left.shape[-1]
+    out = None if x is None else fq.new_empty(b, N, n)
+    grad_q = None if left is None else fq.new_empty(b, N, D)
+    tensors, strides = _pointers(fq, fq, fl, x, left, right, out, grad_q)
+    _rows[(math.ceil(N / BLOCK_ROWS), b)](
+        *tensors, N, fl.shape[1], D, n, K, *strides, HAS_X=x is not None,
+        HAS_G=left is not None, DP=_pow2(D), XP=_pow2(n),
+        **_launch_options(K, left is not None))
+    return out, grad_q
+
+
+def _run_cols(fq, fl, y=None, left=None, right=None):
+    """``_cols``: (Pᵀ·Y or None, ∇l or None) for Y (b, N, n) and ∇P = left·rightᵀ, the
+    row slices' partial sums added in slice order."""
+    fq, fl, y, left, right = _prepared(fq, fl, y, left, right)
+    b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
+    M = fl.shape[1]
+    n = 0 if y is None else y.shape[-1]
+    K = 0 if left is None else left.shape[-1]
+    blocks = math.ceil(M / BLOCK_COLS)
+    splits = _row_splits(N, blocks * b, fq.device)
+    slice_rows = math.ceil(math.ceil(N / splits) / BLOCK_ROWS) * BLOCK_ROWS
+    splits = math.ceil(N / slice_rows)  # no empty slice
+    out = None if y is None else fq.new_empty(splits, b, M, n)
+    grad_l = None if left is None else fq.new_empty(splits, b, M, D)
+    tensors, strides = _pointers(fq, fq, fl, y, left, right)
+    o, g = (fq[None] if t is None else t for t in (out, grad_l))  # (slices, b, rows, ·)
+    _cols[(blocks, b, splits)](
+        *tensors, o, g, N, M, D, n, K, slice_rows, *strides, *o.stride()[:3],
+        *g.stride()[:3], HAS_Y=y is not None, HAS_G=left is not None, DP=_pow2(D),
+        YP=_pow2(n), **_launch_options(K, left is not None))
+    return tuple(None if t is None else t.sum(0) for t in (out, grad_l))
+
+
+def product(fq, fl, w3, transpose=False):
+    """``soft._kernel_product`` in the fused kernels: P·W, (b, N, n), or Pᵀ·W, (b, m, n),
+    for P = κ from the features, float32."""
+    return (_run_cols(fq, fl, y=w3) if transpose else _run_rows(fq, fl, x=w3))[0]
+
+
+def backward(fq, fl, grad, transpose, left, right, needs):
+    """``soft._kernel_backward`` in the fused kernels (the same arguments less the row
+    chunk count): ∇W, ∇q and ∇l, None where not needed. The rows kernel gives ∇q (and
+    ∇W = P·∇out for Pᵀ·W), the columns kernel ∇l (and ∇W = Pᵀ·∇out for P·W)."""
+    need_w, need_q, need_l = needs
+    grad_w = grad_q = grad_l = None
+    lr = dict(left=left, right=right)
+    if need_q or (need_w and transpose):
+        grad_w_rows, grad_q = _run_rows(
+            fq, fl, x=grad if need_w and transpose else None, **(lr if need_q else {}))
         if transpose:
-            out, _ = self._cols_call(fq, fl, y=w3)
-        else:
-            out, _ = self._rows_call(fq, fl, x=w3)
-        return out
-
-    def backward(self, fq, fl, grad, transpose, left, right, needs):
-        """``soft._kernel_backward``'s ∇W, ∇q and ∇l: the rows kernel gives ∇q (and ∇W =
-        P·∇out for Pᵀ·W), the columns kernel ∇l (and ∇W = Pᵀ·∇out for P·W)."""
-        need_w, need_q, need_l = needs
-        grad_w = grad_q = grad_l = None
-        lr = dict(left=left, right=right)
-        if need_q or (need_w and transpose):
-            grad_w_rows, grad_q = self._rows_call(
-                fq, fl, x=grad if need_w and transpose else None, **(lr if need_q else {}))
-            if transpose:
-                grad_w = grad_w_rows
-        if need_l or (need_w and not transpose):
-            grad_w_cols, grad_l = self._cols_call(
-                fq, fl, y=grad if need_w and not transpose else None, **(lr if need_l else {}))
-            if not transpose:
-                grad_w = grad_w_cols
-        return grad_w, grad_q, grad_l
-
-    @staticmethod
-    def _prepared(*tensors):
-        """The tensors as the kernels read them: float32 (checked), with unit stride in the
-        last dimension (a gradient autograd expanded from a sum may have none: copied
-        then); None stays None."""
-        if not tensors[0].is_cuda and not _interpreting():
-            raise ValueError('the fused kernel products run on CUDA tensors, elsewhere only '
-                             'in Triton\'s interpreter (TRITON_INTERPRET=1 when Triton is '
-                             f'imported); got a tensor on {tensors[0].device}')
-        for t in tensors:
-            if t is not None and t.dtype != torch.float32:
-                raise ValueError(f'the fused kernel products take float32 tensors, got {t.dtype}')
-        return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
-
-    def _rows_call(self, fq, fl, x=None, left=None, right=None):
-        fq, fl, x, left, right = self._prepared(fq, fl, x, left, right)
-        b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
-        M = fl.shape[1]
-        out = grad_q = None
-        if x is not None:
-            out = fq.new_empty(b, N, x.shape[-1])
-        if left is not None:
-            grad_q = fq.new_empty(b, N, D)
-        K = 0 if left is None else left.shape[-1]
-        dummy = fq  # for the pointers a program does not use
-        _rows[(math.ceil(N / BLOCK_ROWS), b)](
-            fq, fl, x if x is not None else dummy, left if left is not None else dummy,
-            right if right is not None else dummy, out if out is not None else dummy,
-            grad_q if grad_q is not None else dummy, N, M, D,
-            0 if x is None else x.shape[-1], K,
-            *_outer_strides(fq), *_outer_strides(fl), *_outer_strides(x if x is not None else dummy),
-            *_outer_strides(left if left is not None else dummy),
-            *_outer_strides(right if right is not None else dummy),
-            *_outer_strides(out if out is not None else dummy),
-            *_outer_strides(grad_q if grad_q is not None else dummy),
-            HAS_X=x is not None, HAS_G=left is not None, EXACT_EXP=not _interpreting(),
-            BN=BLOCK_ROWS, BM=BLOCK_COLS,
-            DP=_pow2(D), XP=_pow2(0 if x is None else x.shape[-1]), KP=_pow2(K),
-            num_warps=warps(left is not None))
-        return out, grad_q
-
-    def _cols_call(self, fq, fl, y=None, left=None, right=None):
-        fq, fl, y, left, right = self._prepared(fq, fl, y, left, right)
-        b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
-        M = fl.shape[1]
-        blocks = math.ceil(M / BLOCK_COLS)
-        splits = _row_splits(N, blocks * b, fq.device)
-        slice_rows = math.ceil(math.ceil(N / splits) / BLOCK_ROWS) * BLOCK_ROWS
-        splits = math.ceil(N / slice_rows)  # no empty slice
-        out = grad_l = None
-        if y is not None:
-            out = fq.new_empty(splits, b, M, y.shape[-1])
-        if left is not None:
-            grad_l = fq.new_empty(splits, b, M, D)
-        K = 0 if left is None else left.shape[-1]
-        dummy = fq
-        o = out if out is not None else dummy[None]
-        g = grad_l if grad_l is not None else dummy[None]
-        _cols[(blocks, b, splits)](
-            fq, fl, y if y is not None else dummy, left if left is not None else dummy,
-            right if right is not None else dummy, o, g, N, M, D,
-            0 if y is None else y.shape[-1], K, slice_rows,
-            *_outer_strides(fq), *_outer_strides(fl), *_outer_strides(y if y is not None else dummy),
-            *_outer_strides(left if left is not None else dummy),
-            *_outer_strides(right if right is not None else dummy),
-            o.stride(0), o.stride(1), o.stride(2), g.stride(0), g.stride(1), g.stride(2),
-            HAS_Y=y is not None, HAS_G=left is not None, EXACT_EXP=not _interpreting(),
-            BN=BLOCK_ROWS, BM=BLOCK_COLS,
-            DP=_pow2(D), YP=_pow2(0 if y is None else y.shape[-1]), KP=_pow2(K),
-            num_warps=warps(left is not None))
-        # the slices' partial sums, added in slice order
-        return (None if out is None else out.sum(0), None if grad_l is None else grad_l.sum(0))
+            grad_w = grad_w_rows
+    if need_l or (need_w and not transpose):
+        grad_w_cols, grad_l = _run_cols(
+            fq, fl, y=grad if need_w and not transpose else None, **(lr if need_l else {}))
+        if not transpose:
+            grad_w = grad_w_cols
+    return grad_w, grad_q, grad_l

@@ -88,8 +88,8 @@ def _chunk_count(q, landmarks, plan=None):
     """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
     ``compiled_kernel_chunks``, whatever the size; None where the fused kernels compute
-    P's products without forming it (``_fused``). None: the plan in force for q's device
-    type.
+    P's products without forming it (``_fused``). ``plan`` None: the plan in force for
+    q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -161,8 +161,8 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
         summed over the chunks.
     """
     if count is None:
-        from .fused import FusedProducts
-        return FusedProducts().product(fq, fl, w3, transpose)
+        from . import fused
+        return fused.product(fq, fl, w3, transpose)
     if not transpose:
         return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
@@ -191,8 +191,8 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         (b, m, K - 2); None where not needed.
     """
     if count is None:
-        from .fused import FusedProducts
-        return FusedProducts().backward(fq, fl, grad, transpose, left, right, needs)
+        from . import fused
+        return fused.backward(fq, fl, grad, transpose, left, right, needs)
     need_w, need_q, need_l = needs
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)

@@ -11,7 +11,8 @@ import torch
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import attention_plan, soft, soft_attention
-from mmsoft.models.attention.fused import FusedProducts, _row_splits
+from mmsoft.models.attention import fused
+from mmsoft.models.attention.fused import _row_splits
 from mmsoft.testing import relative_deviation
 from mmsoft.testing.fidelity import (gradient_deviations, output_deviations,
                                      reference_gradients, reference_outputs)
@@ -34,7 +35,6 @@ fq64, fl64 = soft.kernel_features(q), soft.kernel_features(lm, right=True)
 fq, fl = fq64.float(), fl64.float()
 thin = {False: torch.randn(b, m, d, dtype=torch.float64),  # W of P·W
         True: torch.randn(b, N, d, dtype=torch.float64)}  # V of Pᵀ·V
-fused = FusedProducts()
 result['splits'] = _row_splits(N, -(-m // 64) * b, fq.device)
 result['products'] = {}
 for transpose, w in thin.items():

@@ -157,11 +157,11 @@ def _nvidia_toolchain():
                     reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
 @pytest.mark.parametrize('backward', [False, True])
 def test_kernels_compile_for_h100_without_spills(backward):
-    """The programs as ``FusedProducts`` launches them compile for sm_90, keep their
-    blocks in registers (a spill to local memory would cost each program a round trip
-    to memory per block) and multiply in float32 on the CUDA cores, with no TF32
-    tensor-core instruction (mma/wgmma), which would miss the floor: what a GPU call would
-    otherwise find out first."""
+    """The programs as ``fused.product`` and ``fused.backward`` launch them compile for
+    sm_90, keep their blocks in registers (a spill to local memory would cost each
+    program a round trip to memory per block) and multiply in float32 on the CUDA cores,
+    with no TF32 tensor-core instruction (mma/wgmma), which would miss the floor: what a
+    GPU call would otherwise find out first."""
     from mmsoft.models.attention import fused
     shared = dict(HAS_G=backward, EXACT_EXP=True, BN=fused.BLOCK_ROWS, BM=fused.BLOCK_COLS,
                   DP=32, KP=64 if backward else 16)
