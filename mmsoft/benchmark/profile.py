@@ -4,13 +4,11 @@ with ``torch.profiler``: the device's time by kernel (on a GPU the CUDA kernels,
 the ATen operators' own time), the largest first. What a plan's speed comes from, and
 what the next change should take on.
 """
-import time
-
 import torch
 
 from mmsoft.models.attention import attention_plan
 
-from .common import build, fmt, parse_size, path_plan, sync
+from .common import build, fmt, measure, parse_size, path_plan, sync
 
 PROFILE_TOP = 12  # kernels listed per step
 
@@ -33,19 +31,12 @@ def _device_time(event, cuda):
 
 
 def profile_step(model, size, device, train, batch):
-    """(wall seconds of one step, {kernel: [seconds, launches]}) of ``model`` at ``size``,
-    after two untimed steps (warm-up, kernel compilation)."""
+    """(wall seconds of one step, {kernel: [seconds, launches]}) of ``model`` at ``size``:
+    a step timed by ``measure`` after its warm-up (kernel compilation), then one profiled."""
     from torch.profiler import ProfilerActivity, profile
     cuda = torch.device(device).type == 'cuda'
-    model = model.to(device).train(train)
+    wall = measure(model, parse_size(size), device, repeat=1, train=train, batch=batch)
     x = torch.randn(batch, 3, *parse_size(size), device=device)
-    for _ in range(2):
-        _step(model, x, train)
-    sync(device)
-    t0 = time.perf_counter()
-    _step(model, x, train)
-    sync(device)
-    wall = time.perf_counter() - t0
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         _step(model, x, train)
@@ -81,7 +72,8 @@ def section_profile(args, out):
                           '| time | calls | kernel |', '|---|---|---|']
                 lines += [f'| {fmt(t)} | {n} | {name[:100]} |' for name, (t, n) in top]
     out['profile'] = rows
-    lines.append(f'\nOne profiled step after two untimed ones; the {PROFILE_TOP} largest '
-                 'by own time. [path]: the plan (default: the device\'s; the others: '
-                 "--soft-plans, the paths of tools/analysis_tools/fidelity.py).")
+    lines.append('\nOne profiled step after a warm-up and a timed one (wall); the '
+                 f'{PROFILE_TOP} largest by own time. [path]: the plan (default: the '
+                 "device's; the others: --soft-plans, the paths of "
+                 'tools/analysis_tools/fidelity.py).')
     return lines
