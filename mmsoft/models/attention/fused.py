@@ -65,6 +65,23 @@ def _exp(x, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _load(base, idx, in_idx, stride, cols, ncols):
+    """The block of rows ``idx`` (row stride ``stride``) and columns ``cols`` of a
+    row-major matrix at ``base``: 0 outside ``in_idx`` and past ``ncols`` columns."""
+    return tl.load(base + idx[:, None] * stride + cols[None, :],
+                   mask=in_idx[:, None] & (cols[None, :] < ncols), other=0.)
+
+
+@triton.jit
+def _kernel_block(a, half_sq_a, b, half_sq_b, EXACT_EXP: tl.constexpr):
+    """κ(a, b) = exp(min(a·bᵀ - |a|²/2 - |b|²/2, 0)) between the rows of two blocks (the
+    kernel features' product; module docstring)."""
+    logits = (tl.dot(a, tl.trans(b), input_precision='ieee') - half_sq_a[:, None] -
+              half_sq_b[None, :])
+    return _exp(tl.minimum(logits, 0.), EXACT_EXP)
+
+
+@triton.jit
 def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
           s_qb, s_qn, s_lb, s_lm, s_xb, s_xm, s_Lb, s_Ln, s_Rb, s_Rm, s_ob, s_on, s_gb, s_gn,
           HAS_X: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr, BN: tl.constexpr,
@@ -76,36 +93,29 @@ def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
     b = tl.program_id(1)
     in_rows = rows < N
     dd = tl.arange(0, DP)
-    q = tl.load(fq + b * s_qb + rows[:, None] * s_qn + dd[None, :],
-                mask=in_rows[:, None] & (dd[None, :] < D), other=0.)
+    q = _load(fq + b * s_qb, rows, in_rows, s_qn, dd, D)
     half_sq_q = 0.5 * tl.load(fq + b * s_qb + rows * s_qn + D, mask=in_rows, other=0.)
     if HAS_X:
         xx = tl.arange(0, XP)
         acc = tl.zeros((BN, XP), dtype=tl.float32)
     if HAS_G:
         kk = tl.arange(0, KP)
-        lft = tl.load(left + b * s_Lb + rows[:, None] * s_Ln + kk[None, :],
-                      mask=in_rows[:, None] & (kk[None, :] < K), other=0.)
+        lft = _load(left + b * s_Lb, rows, in_rows, s_Ln, kk, K)
         acc_g = tl.zeros((BN, DP), dtype=tl.float32)
         g_sum = tl.zeros((BN, ), dtype=tl.float32)
     for start in range(0, M, BM):
         cols = start + tl.arange(0, BM)
         in_cols = cols < M
-        lm = tl.load(fl + b * s_lb + cols[:, None] * s_lm + dd[None, :],
-                     mask=in_cols[:, None] & (dd[None, :] < D), other=0.)
+        lm = _load(fl + b * s_lb, cols, in_cols, s_lm, dd, D)
         half_sq_l = 0.5 * tl.load(fl + b * s_lb + cols * s_lm + D + 1, mask=in_cols,
                                   other=0.)
-        logits = (tl.dot(q, tl.trans(lm), input_precision='ieee') - half_sq_q[:, None] -
-                  half_sq_l[None, :])
         # P of the padding columns is not 0, but their X and R are: they add nothing
-        p = _exp(tl.minimum(logits, 0.), EXACT_EXP)
+        p = _kernel_block(q, half_sq_q, lm, half_sq_l, EXACT_EXP)
         if HAS_X:
-            xb = tl.load(x + b * s_xb + cols[:, None] * s_xm + xx[None, :],
-                         mask=in_cols[:, None] & (xx[None, :] < NX), other=0.)
+            xb = _load(x + b * s_xb, cols, in_cols, s_xm, xx, NX)
             acc += tl.dot(p, xb, input_precision='ieee')
         if HAS_G:
-            rgt = tl.load(right + b * s_Rb + cols[:, None] * s_Rm + kk[None, :],
-                          mask=in_cols[:, None] & (kk[None, :] < K), other=0.)
+            rgt = _load(right + b * s_Rb, cols, in_cols, s_Rm, kk, K)
             g = tl.dot(lft, tl.trans(rgt), input_precision='ieee') * p
             acc_g += tl.dot(g, lm, input_precision='ieee')
             g_sum += tl.sum(g, 1)
@@ -131,16 +141,14 @@ def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
     part = tl.program_id(2)
     in_cols = cols < M
     dd = tl.arange(0, DP)
-    lm = tl.load(fl + b * s_lb + cols[:, None] * s_lm + dd[None, :],
-                 mask=in_cols[:, None] & (dd[None, :] < D), other=0.)
+    lm = _load(fl + b * s_lb, cols, in_cols, s_lm, dd, D)
     half_sq_l = 0.5 * tl.load(fl + b * s_lb + cols * s_lm + D + 1, mask=in_cols, other=0.)
     if HAS_Y:
         yy = tl.arange(0, YP)
         acc = tl.zeros((BM, YP), dtype=tl.float32)
     if HAS_G:
         kk = tl.arange(0, KP)
-        rgt = tl.load(right + b * s_Rb + cols[:, None] * s_Rm + kk[None, :],
-                      mask=in_cols[:, None] & (kk[None, :] < K), other=0.)
+        rgt = _load(right + b * s_Rb, cols, in_cols, s_Rm, kk, K)
         acc_g = tl.zeros((BM, DP), dtype=tl.float32)
         g_sum = tl.zeros((BM, ), dtype=tl.float32)
     lo = part * slice_rows
@@ -148,20 +156,15 @@ def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
     for start in range(lo, hi, BN):
         rows = start + tl.arange(0, BN)
         in_rows = rows < hi
-        q = tl.load(fq + b * s_qb + rows[:, None] * s_qn + dd[None, :],
-                    mask=in_rows[:, None] & (dd[None, :] < D), other=0.)
+        q = _load(fq + b * s_qb, rows, in_rows, s_qn, dd, D)
         half_sq_q = 0.5 * tl.load(fq + b * s_qb + rows * s_qn + D, mask=in_rows, other=0.)
-        logits = (tl.dot(lm, tl.trans(q), input_precision='ieee') - half_sq_l[:, None] -
-                  half_sq_q[None, :])
         # Pᵀ (BM, BN); its padding rows add nothing (their Y and L are 0)
-        pt = _exp(tl.minimum(logits, 0.), EXACT_EXP)
+        pt = _kernel_block(lm, half_sq_l, q, half_sq_q, EXACT_EXP)
         if HAS_Y:
-            yb = tl.load(y + b * s_yb + rows[:, None] * s_yn + yy[None, :],
-                         mask=in_rows[:, None] & (yy[None, :] < NY), other=0.)
+            yb = _load(y + b * s_yb, rows, in_rows, s_yn, yy, NY)
             acc += tl.dot(pt, yb, input_precision='ieee')
         if HAS_G:
-            lft = tl.load(left + b * s_Lb + rows[:, None] * s_Ln + kk[None, :],
-                          mask=in_rows[:, None] & (kk[None, :] < K), other=0.)
+            lft = _load(left + b * s_Lb, rows, in_rows, s_Ln, kk, K)
             gt = tl.dot(rgt, tl.trans(lft), input_precision='ieee') * pt
             acc_g += tl.dot(gt, q, input_precision='ieee')
             g_sum += tl.sum(gt, 1)
@@ -188,7 +191,7 @@ def warps(backward):
     """Warps per program: 8 forward, 16 for the backward programs, which hold more
     (BN, BM) blocks (R or L, ∇P, G besides P). Compiled for sm_90 (Triton's ptxas, no GPU
     needed; tests/models/attention/test_fused.py) every program stays in registers:
-    forward 109-112 per thread with 8 warps (with 4: 168-255); backward 92-114 with 16
+    forward 109-112 per thread with 8 warps (with 4: 168-255); backward 96-116 with 16
     (with 8: 255 and spills, with 4: 32 and 7.5 kB spilled per thread)."""
     return 16 if backward else 8
 
