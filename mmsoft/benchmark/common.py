@@ -111,6 +111,11 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
+# What a path's ``+modifier`` changes in its plan (``path_plan``)
+PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
+                  'tf32x3': dict(float32_products='tf32x3')}
+
+
 def path_plan(name, device):
     """The ``AttentionPlan`` a path name stands for, run on ``device`` (the paths of
     tools/analysis_tools/fidelity.py and of the benchmark's ``--soft-plans``):
@@ -131,6 +136,13 @@ def path_plan(name, device):
       fused                   the plan of ``device``'s type with P's products in fused
                               Triton kernels (``kernel_products='fused'``; CUDA, or
                               Triton's interpreter)
+
+    and any of them followed by modifiers (``PATH_MODIFIERS``), e.g. ``default+tf32x3``:
+
+      +fused                  P's products in the fused Triton kernels
+      +tf32x3                 the iterate's float32 m×m products as three TF32 products
+                              of split operands (``float32_products='tf32x3'``: one
+                              Triton kernel each on CUDA, emulated elsewhere)
     """
     from mmsoft.models.attention import PLANS, plan_for
     base = plan_for(torch.device(device).type)
@@ -150,17 +162,26 @@ def path_plan(name, device):
                                         spectral_inference='tridiagonal'),
         'tf32x3': replace(base, pinv='tf32x3'),
     }
+    name, *modifiers = name.split('+')
+    unknown = [m for m in modifiers if m not in PATH_MODIFIERS]
+    if unknown:
+        raise ValueError(f'unknown path modifier {unknown[0]!r}: one of '
+                         f'{sorted(PATH_MODIFIERS)}')
     if name in fixed:
-        return fixed[name]
-    if name == 'fused':  # not in ``fixed``: the plan checks that Triton is installed
-        return replace(base, kernel_products='fused')
-    match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
-    if match is None:
-        raise ValueError(f'unknown path {name!r}: one of {sorted(fixed) + ["fused"]} or '
-                         'tf32-F-L[-padN][-thinK]')
-    first, last, pad, thin = match.groups()
-    return replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
-                   pinv_pad=int(pad or 1), thin_steps=int(thin or 0))
+        plan = fixed[name]
+    elif name == 'fused':  # not in ``fixed``: the plan checks that Triton is installed
+        plan = replace(base, **PATH_MODIFIERS['fused'])
+    else:
+        match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
+        if match is None:
+            raise ValueError(f'unknown path {name!r}: one of {sorted(fixed) + ["fused"]} or '
+                             'tf32-F-L[-padN][-thinK], then +modifiers')
+        first, last, pad, thin = match.groups()
+        plan = replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
+                       pinv_pad=int(pad or 1), thin_steps=int(thin or 0))
+    for modifier in modifiers:
+        plan = replace(plan, **PATH_MODIFIERS[modifier])
+    return plan
 
 
 def measure_path(name, size, device, repeat, train=False, batch=1, amp=None):

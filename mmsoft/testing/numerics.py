@@ -39,6 +39,9 @@ PINV_PATHS = {
     "tf32, CUDA's plan, last steps thin": dict(
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
         thin_steps=_CUDA.tf32_float32_steps[1]),
+    "tf32, CUDA's plan, last steps thin, float32 products split": dict(
+        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
+        thin_steps=_CUDA.tf32_float32_steps[1], float32_products='tf32x3'),
     'tf32x3': dict(method='tf32x3'),
     'iterative, thin': dict(method='iterative', thin_steps=20),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
@@ -48,7 +51,8 @@ PINV_PATHS = {
 }
 PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'spectral, tridiagonal',
               'tf32', 'tf32, padded to 8',
-              "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin", 'tf32x3')
+              "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin",
+              "tf32, CUDA's plan, last steps thin, float32 products split", 'tf32x3')
 
 
 def inference_only(kwargs):

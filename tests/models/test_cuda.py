@@ -20,13 +20,18 @@ pytestmark = [
 
 
 # Every exact pinv mode, in the official depthwise-conv layout and P's products from the
-# library; the default mode also in the other layout of ``HeadSharedConv`` and with P's
-# products in the fused Triton kernels.
-@pytest.mark.parametrize('pinv_method, layout, products', [
-    *((m, 'images', 'chunks') for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
-    ('auto', 'channels', 'chunks'), ('auto', 'images', 'fused')])
-def test_parity_on_cuda(pinv_method, layout, products, force_plan):
-    force_plan(local_conv_layout=layout, kernel_products=products, device='cuda')
+# library; the default mode also in the other layout of ``HeadSharedConv``, with P's
+# products in the fused Triton kernels, and with the iterate's float32 products split
+# into TF32 ones (one Triton kernel each; 'tf32x3' makes every product so).
+SPLIT = dict(float32_products='tf32x3')
+
+
+@pytest.mark.parametrize('pinv_method, layout, choices', [
+    *((m, 'images', {}) for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
+    ('auto', 'channels', {}), ('auto', 'images', dict(kernel_products='fused')),
+    ('auto', 'images', SPLIT), ('tf32', 'images', SPLIT)])
+def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
+    force_plan(local_conv_layout=layout, **choices, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
     model = fixture_model(pinv_method=pinv_method).cuda()
     with torch.no_grad():
@@ -35,10 +40,12 @@ def test_parity_on_cuda(pinv_method, layout, products, force_plan):
         assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, pinv_method, layout)
 
 
-@pytest.mark.parametrize('products', ['chunks', 'fused'])
-def test_training_gradients_on_cuda_equal_cpu(products, force_plan):
+@pytest.mark.parametrize('choices', [{}, dict(kernel_products='fused'), SPLIT],
+                         ids=['plan', 'fused', 'split'])
+def test_training_gradients_on_cuda_equal_cpu(choices, force_plan):
     """One training step's gradients on CUDA (memory-lean path; P's products from the
-    library or the fused kernels) equal the CPU's.
+    library or the fused kernels, the iterate's float32 products as they are or split)
+    equal the CPU's.
 
     The biases of the convs that feed a training-mode BatchNorm (the patch embeddings)
     have a gradient of zero by construction: BatchNorm subtracts the batch mean. Their
@@ -51,7 +58,7 @@ def test_training_gradients_on_cuda_equal_cpu(products, force_plan):
     model.train()
     x = torch.randn(2, 3, 96, 128)
     grads = {}
-    force_plan(kernel_products=products, device='cuda')
+    force_plan(**choices, device='cuda')
     for device, dtype in (('cpu', torch.float64), ('cpu', torch.float32),
                           ('cuda', torch.float32)):
         m = model.to(device, dtype)
@@ -95,14 +102,14 @@ def test_soft_small_trains_on_cuda():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize('kwargs, products', [
-    ({}, 'chunks'), (dict(pinv_method='regularized'), 'chunks'),
-    (dict(landmark_grid=16), 'chunks'), ({}, 'fused')],
-    ids=['auto', 'regularized', 'grid16', 'fused'])
-def test_no_host_device_sync(kwargs, products, force_plan):
+@pytest.mark.parametrize('kwargs, choices', [
+    ({}, {}), (dict(pinv_method='regularized'), {}), (dict(landmark_grid=16), {}),
+    ({}, dict(kernel_products='fused')), ({}, SPLIT)],
+    ids=['auto', 'regularized', 'grid16', 'fused', 'split'])
+def test_no_host_device_sync(kwargs, choices, force_plan):
     """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
     raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""
-    force_plan(kernel_products=products, device='cuda')
+    force_plan(**choices, device='cuda')
     model = SOFT(arch='small', **kwargs).cuda()
     x = torch.randn(2, 3, 256, 320, device='cuda')
     torch.cuda.synchronize()

@@ -11,15 +11,17 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED and FUSED (SPEED_PATHS, --soft-plans): what CUDA's plan gains on
-                 this GPU, what its thin steps gain in inference and training, and what
-                 the fused kernel products gain
+                 FORMED, FUSED, SPLIT and both (SPEED_PATHS, --soft-plans): what CUDA's
+                 plan gains on this GPU, what its thin steps gain in inference and
+                 training, and what the fused kernel products and the split float32
+                 products gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FORMED and FUSED (where
-                 the time goes, and what the thin steps and the fused products change)
+                 training step by GPU kernel under the plan, FORMED, FUSED and
+                 FUSED_SPLIT (where the time goes, and what the thin steps, the fused
+                 products and the split float32 products change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
@@ -91,12 +93,16 @@ FORMED = 'tf32-1-4-pad32'
 # CUDA's plan with P's products in the fused Triton kernels (kernel_products='fused'):
 # its floor (fidelity) and its speed (fp32) beside the plan's
 FUSED = 'fused'
+# CUDA's plan with its float32 m×m products as three TF32 products of split operands
+# (float32_products='tf32x3', one Triton kernel each), alone and with FUSED
+SPLIT = 'default+tf32x3'
+FUSED_SPLIT = 'fused+tf32x3'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED and FUSED
-SPEED_PATHS = ('iterative', FORMED, FUSED)
+# default), FORMED, FUSED, SPLIT and FUSED_SPLIT
+SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -113,8 +119,9 @@ STEPS = {
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FORMED, FUSED],
-                "where SOFT-S's time goes, by kernel: the plan, FORMED and FUSED"),
+                                      '--soft-plans', FORMED, FUSED, FUSED_SPLIT],
+                "where SOFT-S's time goes, by kernel: the plan, FORMED, FUSED and "
+                'FUSED_SPLIT'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
@@ -187,12 +194,13 @@ def machine(device):
 
 
 def command(name, args):
-    """The argv of step ``name``. FUSED is left out of its paths where the fused kernels
-    cannot run: off CUDA (outside Triton's interpreter) and without Triton 3."""
+    """The argv of step ``name``. The paths with the fused kernels (FUSED, FUSED_SPLIT)
+    are left out where those cannot run: off CUDA (outside Triton's interpreter) and
+    without Triton 3."""
     from mmsoft.models.attention.plan import triton_available
     _, tool, own, _ = STEPS[name]
     if args.device != 'cuda' or not triton_available():
-        own = [a for a in own if a != FUSED]
+        own = [a for a in own if a not in (FUSED, FUSED_SPLIT)]
     if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']

@@ -23,8 +23,13 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  measured to round; slow, for checking numerics).
     'tf32x3'     the iteration with every float32 product made of three TF32 products of
                  split operands, x = hi + lo with hi = x rounded to TF32:
-                 hi·hi + hi·lo + lo·hi (``_split_bmm``), which keeps float32 accuracy on
-                 tensor cores. Emulated off CUDA, like 'tf32'.
+                 hi·hi + hi·lo + lo·hi, which keeps float32 accuracy on tensor cores
+                 (``_matmul``: on CUDA one Triton kernel per product,
+                 ``split_matmul.py``; without Triton 3 three library products,
+                 ``_split_bmm``). Emulated off CUDA, like 'tf32'.
+
+``float32_products='tf32x3'`` makes the float32 m×m products of the other iterations the
+same way: 'iterative''s and 'tf32''s float32 steps and the thin steps' X_k.
 
 Which method runs where, and with which options, is the device's plan (``plan.py``): the
 functions here take every choice as an argument and read no plan.
@@ -56,7 +61,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags, widest_dtype
+from .dtypes import (compute_dtype, device_type, is_compiling, new_tf32_flags, triton_available,
+                     widest_dtype)
 
 __all__ = [
     'EXACT_PINV_METHODS', 'check_pinv_options', 'check_spectral_inference',
@@ -67,6 +73,8 @@ __all__ = [
 
 # The ways to compute the same T-step iterate (module docstring).
 EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
+# How the float32 m×m products of the iterations are made (``_matmul``)
+FLOAT32_PRODUCTS = ('float32', 'tf32x3')
 # Those whose iteration ends in float32 steps, which ``thin_steps`` can apply thin
 THIN_STEP_METHODS = ('iterative', 'tf32')
 # The options' values when a caller gives none (every plan's too, unless it says
@@ -88,11 +96,15 @@ RESOLVENT_NODES = 18
 TRIDIAGONAL_MIN_ITERS = 20
 
 
-def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'):
+def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to',
+                       float32_products='float32'):
     """The options of how an iterate is computed besides its method (``newton_pinv``'s
     arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
-    pad_to}. ``pad_name`` names the padding in the error (the argument or the plan's
-    field)."""
+    pad_to, float32_products}. ``pad_name`` names the padding in the error (the argument
+    or the plan's field)."""
+    if float32_products not in FLOAT32_PRODUCTS:
+        raise ValueError(f'float32_products must be one of {FLOAT32_PRODUCTS}, got '
+                         f'{float32_products!r}')
     if eigh_dtype not in EIGH_DTYPES:
         raise ValueError(f'eigh_dtype must be one of {EIGH_DTYPES}, got {eigh_dtype!r}')
     steps = tf32_float32_steps
@@ -102,7 +114,8 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
                          f'and after the TF32 ones), got {steps!r}')
     if not isinstance(pad_to, int) or pad_to < 1:
         raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
-    return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to)
+    return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to,
+                float32_products=float32_products)
 
 
 def check_spectral_inference(spectral_inference):
@@ -293,6 +306,34 @@ def _split_bmm(a, b):
     return acc.baddbmm_(a_hi, b_hi)
 
 
+def _split_kernel(a):
+    """Whether ``_matmul``'s 'tf32x3' products of ``a`` run in ``split_matmul``'s Triton
+    kernel: a CUDA tensor, Triton 3, eager code (compiled and traced code keeps the
+    library products)."""
+    return (a.is_cuda and triton_available() and not is_compiling()
+            and not torch.jit.is_tracing())
+
+
+def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
+    """β·c + α·(a·b) (α·(a·b) for c None), a (B, m, k), b (B, k, n), with the product in
+    ``precision``: 'float32' (the library's product in a's dtype) or 'tf32x3' (three TF32
+    products of split operands: on CUDA one Triton kernel, ``split_matmul.baddbmm``, or
+    without Triton three library products, ``_split_bmm``; elsewhere emulated, the
+    operands and their remainders rounded by ``round_tf32``). TF32 rounds float32 operands
+    only: float64 runs in float64."""
+    if precision != 'tf32x3' or a.dtype != torch.float32:
+        return a @ b if c is None and alpha == 1 else torch.baddbmm(
+            a.new_zeros(()) if c is None else c, a, b, beta=beta, alpha=alpha)
+    if _split_kernel(a):
+        from .split_matmul import baddbmm
+        return baddbmm(c, a, b, beta=beta, alpha=alpha)
+    emulate = not a.is_cuda
+    with _cuda_tf32_matmuls() if a.is_cuda else nullcontext():
+        ab = _split_bmm(_split_tf32(a, emulate), _split_tf32(b, emulate))
+    ab = ab if alpha == 1 else ab.mul_(alpha)
+    return ab if c is None else ab.add_(c, alpha=beta)
+
+
 def _newton_steps_split(A, V, steps):
     """``steps`` steps V ← 2V - V·(A·V) with every product from ``_split_bmm`` (TF32
     tensor-core products on CUDA, emulated elsewhere). A, V: (b, m, m), float32."""
@@ -321,6 +362,11 @@ def _newton_steps(A, V, steps, precision='float32'):
             V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
         return V
     if precision == 'tf32x3':
+        if _split_kernel(A):  # each product one Triton kernel, the step's sum its epilogue
+            for _ in range(steps):
+                V = _matmul(V, V, _matmul(None, A, V, precision=precision), beta=2,
+                            alpha=-1, precision=precision)
+            return V
         with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
             return _newton_steps_split(A, V, steps)
     if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
@@ -335,8 +381,9 @@ def _newton_steps(A, V, steps, precision='float32'):
     return V
 
 
-def _schedule(method, iters, tf32_float32_steps):
-    """The iteration's steps as [(count, precision), ...] (``_newton_steps``).
+def _schedule(method, iters, tf32_float32_steps, float32='float32'):
+    """The iteration's steps as [(count, precision), ...] (``_newton_steps``), its float32
+    steps with products in ``float32`` ('float32' or 'tf32x3', ``FLOAT32_PRODUCTS``).
 
     'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
     TF32 steps. Why float32 at both ends (hard kernels, emulated TF32, rounding to
@@ -355,12 +402,12 @@ def _schedule(method, iters, tf32_float32_steps):
       TF32 is emulated, the default is 8 (``plan.py``).
     """
     if method == 'iterative':
-        return [(iters, 'float32')]
+        return [(iters, float32)]
     if method == 'tf32x3':
         return [(iters, 'tf32x3')]
     first = min(tf32_float32_steps[0], iters)
     last = min(tf32_float32_steps[1], iters - first)
-    return [(first, 'float32'), (iters - first - last, 'tf32'), (last, 'float32')]
+    return [(first, float32), (iters - first - last, 'tf32'), (last, float32)]
 
 
 def _spectral_filter(lam, alpha, iters):
@@ -711,7 +758,8 @@ class _NewtonInverse:
         A3 = _padded(A, options['pad_to'])
         A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
         V = alpha.reshape(-1, 1, 1) * A3
-        for steps, precision in _schedule(method, iters, options['tf32_float32_steps']):
+        for steps, precision in _schedule(method, iters, options['tf32_float32_steps'],
+                                          options['float32_products']):
             V = _newton_steps(A3, V, steps, precision)
         return cls(method, V[:, :m, :m].reshape(A.shape))
 
@@ -795,7 +843,8 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     V = alpha * A3
     left = steps  # the float32 steps at the schedule's end that are applied thin
     formed = []
-    for count, precision in reversed(_schedule(method, iters, options['tf32_float32_steps'])):
+    for count, precision in reversed(_schedule(method, iters, options['tf32_float32_steps'],
+                                               options['float32_products'])):
         cut = min(left, count)  # check_thin_steps: float32 steps only
         left -= cut
         formed.insert(0, (count - cut, precision))
@@ -804,13 +853,14 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     return A3, V, Z3
 
 
-def _thin_apply(A3, V, steps, W, h, transpose=False):
+def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
     """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps after V
     (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 = A·V,
     X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps by Horner's rule,
     W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors are
     polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
-    one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n).
+    one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n). The m×m products (X_0 and
+    the X_k) in ``precision`` (``_matmul``), the thin ones in float32.
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k
@@ -819,11 +869,11 @@ def _thin_apply(A3, V, steps, W, h, transpose=False):
     def t(x):
         return x.transpose(-1, -2) if transpose else x
 
-    X = A3 @ V  # X_0, one m×m product
+    X = _matmul(None, A3, V, precision=precision)  # X_0, one m×m product
     for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
         if k + 1 < steps:
-            X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
+            X = _matmul(X, X, X, beta=2, alpha=-1, precision=precision)
     if h:
         R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
         T = W
@@ -875,9 +925,10 @@ class _NewtonPinvThin(torch.autograd.Function):
         m = A.shape[-1]
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
         h = _horner_steps(steps, A3.shape[-1], Z3.shape[-1], A3.shape[0]) if horner else 0
-        W = V @ _thin_apply(A3, V, steps, Z3, h)
+        precision = options['float32_products']
+        W = V @ _thin_apply(A3, V, steps, Z3, h, precision=precision)
         W = W[:, :m].reshape(Z.shape)
-        ctx.steps, ctx.pad_to, ctx.h = steps, options['pad_to'], h
+        ctx.steps, ctx.pad_to, ctx.h, ctx.precision = steps, options['pad_to'], h, precision
         ctx.save_for_backward(A, V, W)
         return W
 
@@ -887,7 +938,7 @@ class _NewtonPinvThin(torch.autograd.Function):
         m = A.shape[-1]
         A3, G3 = _flat_padded(A, grad_W, ctx.pad_to)
         grad_Z = _thin_apply(A3, V, ctx.steps, V.transpose(-1, -2) @ G3, ctx.h,
-                             transpose=True)
+                             transpose=True, precision=ctx.precision)
         grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None, None
 
@@ -932,7 +983,7 @@ class _NewtonPinvApply(torch.autograd.Function):
 
 
 def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtype=EIGH_DTYPE,
-                tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1):
+                tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1, float32_products='float32'):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -955,11 +1006,15 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
             its TF32 steps (``_schedule``).
         pad_to (int): the iterations run on A zero-padded to a multiple of this many
             landmarks (aligned sizes for tensor cores; same iterate).
+        float32_products (str): the float32 m×m products of 'iterative' and 'tf32':
+            'float32' (the library's) or 'tf32x3' (three TF32 products of split operands,
+            as the method 'tf32x3' makes them; ``_matmul``).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
     _check_method(method, iters)
-    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to)
+    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
+                                 float32_products=float32_products)
     with torch.autocast(device_type=device_type(A), enabled=False):
         return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
                                  options)
@@ -967,7 +1022,7 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
 
 def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
-                      thin_steps=0, spectral_inference='eigh'):
+                      float32_products='float32', thin_steps=0, spectral_inference='eigh'):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -979,7 +1034,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
-        eigh_dtype, tf32_float32_steps, pad_to: as in ``newton_pinv``.
+        eigh_dtype, tf32_float32_steps, pad_to, float32_products: as in ``newton_pinv``
+            (the thin steps' X_k in ``float32_products`` too).
         thin_steps (int): this many of the float32 steps that end the iteration run on
             the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
             most 'tf32''s last float32 steps, every step of 'iterative';
@@ -995,7 +1051,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         Tensor: (..., m, n)
     """
     _check_method(method, iters)
-    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to)
+    options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
+                                 float32_products=float32_products)
     thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)

@@ -12,6 +12,11 @@ changes what is computed, only how (up to float rounding):
     tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
+    float32_products   the iterations' float32 m×m products ('iterative''s and 'tf32''s
+                       float32 steps, the thin steps' X_k): 'float32' (the library's,
+                       CUDA cores) or 'tf32x3' (three TF32 tensor-core products of
+                       split operands, float32's accuracy: on CUDA one Triton kernel per
+                       product, ``split_matmul.py``; emulated elsewhere, slow)
     thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
                        are applied to the thin matrix (one m×m product each instead of
                        two; with gradients where that costs less than forming them, on
@@ -57,8 +62,6 @@ the thread that forces it only: another thread (a data loader, a second model) k
 plans in force there. It is safe under ``torch.compile``: Dynamo guards on the plan a
 layer read and recompiles for another one.
 """
-import functools
-import importlib.metadata
 import importlib.util
 import threading
 from contextlib import contextmanager
@@ -66,6 +69,7 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Optional, Tuple
 
+from .dtypes import triton_available
 from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FLOAT32_STEPS,
                      check_pinv_options, check_spectral_inference, check_thin_steps)
 
@@ -83,21 +87,6 @@ KERNEL_PRODUCTS = ('chunks', 'fused')
 ORDERS = ('thin', 'official')
 
 
-@functools.lru_cache(maxsize=None)
-def triton_available():
-    """Whether Triton 3 or later is installed (``kernel_products='fused'``; PyTorch's
-    wheels for Linux with CUDA bring it). Read from the package metadata: importing
-    Triton takes a second."""
-    if importlib.util.find_spec('triton') is None:
-        return False
-    for dist in ('triton', 'pytorch-triton'):
-        try:
-            return int(importlib.metadata.version(dist).split('.')[0]) >= 3
-        except (importlib.metadata.PackageNotFoundError, ValueError):
-            continue
-    return False
-
-
 @dataclass(frozen=True)
 class AttentionPlan:
     """How SOFT's attention runs on one device type (module docstring).
@@ -109,6 +98,7 @@ class AttentionPlan:
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
+        float32_products (str): 'float32' or 'tf32x3'.
         thin_steps (int): float32 steps applied to the thin matrix.
         spectral_inference (str): 'eigh' or 'tridiagonal'.
         kernel_chunk (int): elements per row chunk of P.
@@ -123,6 +113,7 @@ class AttentionPlan:
     eigh_dtype: str = EIGH_DTYPE
     tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
     pinv_pad: int = 1
+    float32_products: str = 'float32'
     thin_steps: int = 0
     spectral_inference: str = 'eigh'
     kernel_chunk: int = 2**24
@@ -144,8 +135,8 @@ class AttentionPlan:
                 raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
                                  f'{method!r}')
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
-            self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad,
-            pad_name='pinv_pad')['tf32_float32_steps'])
+            self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad, pad_name='pinv_pad',
+            float32_products=self.float32_products)['tf32_float32_steps'])
         # thin_steps holds for the methods that end in float32 steps, whether the table
         # or a layer's pinv_method names them (the others take none: ``thin_steps_for``),
         # at most 'tf32''s last ones, after a formed float32 step; the layer's iteration
@@ -198,7 +189,7 @@ class AttentionPlan:
         """How the iterate is computed besides its method, as ``newton_pinv_apply``'s
         keyword arguments."""
         return dict(eigh_dtype=self.eigh_dtype, tf32_float32_steps=self.tf32_float32_steps,
-                    pad_to=self.pinv_pad)
+                    pad_to=self.pinv_pad, float32_products=self.float32_products)
 
 
 # The measurements behind the values (tools/analysis_tools/benchmark.py; docs/en/benchmarks.md,

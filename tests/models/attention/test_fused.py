@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, needs_one_graph_dynamo, rel_err, run
+from conftest import ROOT, needs_one_graph_dynamo, needs_sm90_compiler, rel_err, run, sm90_resources
 
 from mmsoft.models.attention import attention_plan, soft_attention
 from mmsoft.models.attention.plan import triton_available
@@ -28,6 +28,8 @@ pytestmark = pytest.mark.skipif(not triton_available(),
 # and gradients); bounds 5× and 4× that
 PRODUCT_TOL = 2e-6
 LAYER_TOL = 4e-6
+# the kernels' pointer arguments (the others are ints or constants)
+FUSED_POINTERS = ('fq', 'fl', 'x', 'y', 'left', 'right', 'out', 'grad_q', 'grad_l')
 
 
 @pytest.fixture(scope='module')
@@ -117,44 +119,7 @@ def test_compiled_code_runs_the_library_products():
     assert rel_err(out, ref) < 1e-6  # float32: measured identical, one chunk either way
 
 
-def _sm90_resources(kernel, constants, num_warps):
-    """Compile ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU needed, and
-    return cuobjdump's register and stack (spill) use per thread, and the PTX."""
-    import subprocess
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    pointers = ('fq', 'fl', 'x', 'y', 'left', 'right', 'out', 'grad_q', 'grad_l')
-    signature = {name: 'constexpr' if name in constants else
-                 '*fp32' if name in pointers else 'i32' for name in kernel.arg_names}
-    source = ASTSource(kernel, signature, constexprs={
-        (kernel.arg_names.index(k), ): v for k, v in constants.items()})
-    compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),
-                              options=dict(num_warps=num_warps))
-    tool = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
-    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(compiled.asm['cubin'])
-        f.flush()
-        usage = subprocess.run([tool, '-res-usage', f.name], capture_output=True, text=True,
-                               check=True).stdout
-    use = {k: int(v) for k, v in re.findall(r'(REG|STACK):(\d+)', usage)}
-    return use, compiled.asm['ptx']
-
-
-def _nvidia_toolchain():
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError:
-        return False
-    bin_dir = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin')
-    return all(osp.isfile(osp.join(bin_dir, t)) for t in ('ptxas', 'cuobjdump'))
-
-
-@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1' or not _nvidia_toolchain(),
-                    reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
+@needs_sm90_compiler
 @pytest.mark.parametrize('backward', [False, True])
 def test_kernels_compile_for_h100_without_spills(backward):
     """The programs as ``fused.product`` and ``fused.backward`` launch them compile for
@@ -167,8 +132,8 @@ def test_kernels_compile_for_h100_without_spills(backward):
                   DP=32, KP=64 if backward else 16)
     for kernel, has in ((fused._rows, 'HAS_X'), (fused._cols, 'HAS_Y')):
         size = 'XP' if has == 'HAS_X' else 'YP'
-        use, ptx = _sm90_resources(kernel, {**shared, has: True, size: 32},
-                                   fused.warps(backward))
+        use, ptx = sm90_resources(kernel, {**shared, has: True, size: 32},
+                                  fused.warps(backward), pointers=FUSED_POINTERS)
         assert use['STACK'] == 0 and use['REG'] <= 255, (kernel.__name__, use)
         assert 'fma.rn.f32' in ptx and 'tf32' not in ptx, kernel.__name__
         assert not re.search(r'\bw?mma\.', ptx), kernel.__name__

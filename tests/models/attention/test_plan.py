@@ -78,6 +78,7 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(compiled_kernel_chunks=True), ValueError),  # not a count
     (dict(order='fast'), ValueError),
     (dict(kernel_products='triton'), ValueError),
+    (dict(float32_products='tf32'), ValueError),  # TF32 alone is not float32's accuracy
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
@@ -194,12 +195,13 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
-                        eigh_dtype='float32', thin_steps=2, spectral_inference='eigh'):
+                        eigh_dtype='float32', thin_steps=2, spectral_inference='eigh',
+                        float32_products='tf32x3'):
         soft_attention(q, lm, v)
         soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
         soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
     options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8,
-                   spectral_inference='eigh')
+                   float32_products='tf32x3', spectral_inference='eigh')
     assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
                     dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
