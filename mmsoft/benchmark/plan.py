@@ -126,6 +126,9 @@ def section_pinv(args, out):
 
 
 # ----------------------------------------------------------------------------- matmul
+SPLIT_KERNEL = 'tf32x3 kernel'  # the matmul section's column for ``split_matmul``
+
+
 def _product(kind, a, b):
     """One batched product of the iteration's shape, as ``kind`` runs it."""
     from mmsoft.models.attention import newton
@@ -134,6 +137,9 @@ def _product(kind, a, b):
     if kind == 'tf32x3':
         with newton._cuda_tf32_matmuls():
             return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
+    if kind == SPLIT_KERNEL:  # float32_products='tf32x3' on CUDA: one Triton kernel
+        from mmsoft.models.attention.split_matmul import baddbmm
+        return baddbmm(a, a, b, beta=2, alpha=-1)
     with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
@@ -167,9 +173,12 @@ def _tf32_conversion(m, device):
 
 
 def section_matmul(args, out):
-    """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3'),
-    at aligned and unaligned m (CUDA; on another device only float32)."""
+    """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3':
+    three library products, and with Triton 3 one Triton kernel, ``split_matmul``), at
+    aligned and unaligned m (CUDA; on another device only float32)."""
     kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
+    if args.device == 'cuda' and triton_available():
+        kinds += (SPLIT_KERNEL, )
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -195,7 +204,7 @@ def section_matmul(args, out):
         rows[m] = t
         cells = []
         for k in kinds:
-            f = flops if k == 'tf32x3' else flops / 3
+            f = flops if k in ('tf32x3', SPLIT_KERNEL) else flops / 3
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
     if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
@@ -222,7 +231,8 @@ def section_matmul(args, out):
     out['matmul'] = rows
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
                  'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '
-                 'splits are included in its time). TF32 tensor cores should reach several '
+                 f'splits are included in its time; {SPLIT_KERNEL}: the same in one Triton '
+                 'kernel, as float32_products=\'tf32x3\' runs the float32 steps). TF32 tensor cores should reach several '
                  'times the float32 rate; if they do not at an aligned m, the TF32 setting '
                  'does not reach the products that run.')
     return lines
