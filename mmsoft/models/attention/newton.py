@@ -322,8 +322,9 @@ def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
     operands and their remainders rounded by ``round_tf32``). TF32 rounds float32 operands
     only: float64 runs in float64."""
     if precision != 'tf32x3' or a.dtype != torch.float32:
-        return a @ b if c is None and alpha == 1 else torch.baddbmm(
-            a.new_zeros(()) if c is None else c, a, b, beta=beta, alpha=alpha)
+        if c is None:
+            return a @ b if alpha == 1 else (a @ b).mul_(alpha)
+        return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
     if _split_kernel(a):
         from .split_matmul import baddbmm
         return baddbmm(c, a, b, beta=beta, alpha=alpha)
