@@ -21,15 +21,17 @@ pytestmark = [
 
 # Every exact pinv mode, in the official depthwise-conv layout and P's products from the
 # library; the default mode also in the other layout of ``HeadSharedConv``, with P's
-# products in the fused Triton kernels, and with the iterate's float32 products split
-# into TF32 ones (one Triton kernel each; 'tf32x3' makes every product so).
+# products in the fused Triton kernels, with the iterate's float32 products split into
+# TF32 ones (one Triton kernel each; 'tf32x3' makes every product so), and both (the
+# fused kernels' products with P split too).
 SPLIT = dict(float32_products='tf32x3')
 
 
 @pytest.mark.parametrize('pinv_method, layout, choices', [
     *((m, 'images', {}) for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
     ('auto', 'channels', {}), ('auto', 'images', dict(kernel_products='fused')),
-    ('auto', 'images', SPLIT), ('tf32', 'images', SPLIT)])
+    ('auto', 'images', SPLIT), ('tf32', 'images', SPLIT),
+    ('auto', 'images', dict(SPLIT, kernel_products='fused'))])
 def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
     force_plan(local_conv_layout=layout, **choices, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
@@ -40,8 +42,9 @@ def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
         assert rel_err(out.cpu(), expected[name]) <= 1e-5, (name, pinv_method, layout)
 
 
-@pytest.mark.parametrize('choices', [{}, dict(kernel_products='fused'), SPLIT],
-                         ids=['plan', 'fused', 'split'])
+@pytest.mark.parametrize('choices', [{}, dict(kernel_products='fused'), SPLIT,
+                                     dict(SPLIT, kernel_products='fused')],
+                         ids=['plan', 'fused', 'split', 'fused split'])
 def test_training_gradients_on_cuda_equal_cpu(choices, force_plan):
     """One training step's gradients on CUDA (memory-lean path; P's products from the
     library or the fused kernels, the iterate's float32 products as they are or split)

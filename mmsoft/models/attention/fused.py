@@ -7,8 +7,12 @@ features. Made with library products, each is a pass over an N×m tensor in memo
 computes a block of P from the thin features in registers, uses it, and drops it, as
 FlashAttention does with softmax attention: memory traffic is the thin matrices only.
 
-Two kernels, both float32 throughout (``tl.dot`` with ``input_precision='ieee'``: no
-TF32, the same floor as the library products), for one flat batch dimension b:
+Two kernels, both with float32's accuracy throughout, for one flat batch dimension b. The
+logits' products are float32 products on the CUDA cores (``tl.dot`` with
+``input_precision='ieee'``: no TF32, the same floor as the library products); the
+products with P (and ∇P) too, or where ``split`` (the plan's
+``float32_products='tf32x3'``) three TF32 tensor-core products of split operands each
+(``_dot``):
 
 - ``_rows``: a block of BN rows of P at a time, looping over the m landmarks:
   P·X for an (m, n) X (the attention's output P·W, or ∇V = P·∇Z), and
@@ -73,6 +77,33 @@ def _load(base, idx, in_idx, stride, cols, ncols):
 
 
 @triton.jit
+def _tf32(x):
+    """float32 values rounded to TF32 (to nearest, ties to even), still float32: exact in
+    a TF32 product (``newton.round_tf32``'s bit arithmetic)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + ((bits >> 13) & 1) + 0x0FFF) & -0x2000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, acc, SPLIT: tl.constexpr):
+    """acc + a·b for float32 blocks: in float32 on the CUDA cores, or where ``SPLIT`` as
+    three TF32 tensor-core products of split operands, x = hi + lo with hi and lo rounded
+    to TF32 (``_tf32``): lo_a·hi_b + hi_a·lo_b first, then hi_a·hi_b (the dropped lo_a·lo_b
+    is about 2^-22 of a·b). Every operand is a TF32 value, so the tensor cores multiply it
+    exactly, and Triton's interpreter (which multiplies in float32) computes the same
+    products: the interpreter checks this rounding too."""
+    if SPLIT:
+        a_hi = _tf32(a)
+        b_hi = _tf32(b)
+        a_lo = _tf32(a - a_hi)
+        b_lo = _tf32(b - b_hi)
+        small = tl.dot(a_hi, b_lo, tl.dot(a_lo, b_hi, input_precision='tf32'),
+                       input_precision='tf32')
+        return acc + tl.dot(a_hi, b_hi, small, input_precision='tf32')
+    return tl.dot(a, b, acc, input_precision='ieee')
+
+
+@triton.jit
 def _kernel_block(a, half_sq_a, b, half_sq_b, EXACT_EXP: tl.constexpr):
     """κ(a, b) = exp(min(a·bᵀ - |a|²/2 - |b|²/2, 0)) between the rows of two blocks (the
     kernel features' product; module docstring)."""
@@ -84,8 +115,9 @@ def _kernel_block(a, half_sq_a, b, half_sq_b, EXACT_EXP: tl.constexpr):
 @triton.jit
 def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
           s_qb, s_qn, s_lb, s_lm, s_xb, s_xm, s_Lb, s_Ln, s_Rb, s_Rm, s_ob, s_on, s_gb, s_gn,
-          HAS_X: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr, BN: tl.constexpr,
-          BM: tl.constexpr, DP: tl.constexpr, XP: tl.constexpr, KP: tl.constexpr):
+          HAS_X: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr,
+          SPLIT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, DP: tl.constexpr,
+          XP: tl.constexpr, KP: tl.constexpr):
     """Program (row block, batch): out = P·X and grad_q = G·l̃ - rowsum(G) ⊙ q on its rows
     (module docstring). fq (b, N, D + 2), fl (b, M, D + 2): the features; x (b, M, NX);
     left (b, N, K), right (b, M, K); out (b, N, NX), grad_q (b, N, D)."""
@@ -113,11 +145,11 @@ def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
         p = _kernel_block(q, half_sq_q, lm, half_sq_l, EXACT_EXP)
         if HAS_X:
             xb = _load(x + b * s_xb, cols, in_cols, s_xm, xx, NX)
-            acc += tl.dot(p, xb, input_precision='ieee')
+            acc = _dot(p, xb, acc, SPLIT)
         if HAS_G:
             rgt = _load(right + b * s_Rb, cols, in_cols, s_Rm, kk, K)
-            g = tl.dot(lft, tl.trans(rgt), input_precision='ieee') * p
-            acc_g += tl.dot(g, lm, input_precision='ieee')
+            g = _dot(lft, tl.trans(rgt), tl.zeros((BN, BM), dtype=tl.float32), SPLIT) * p
+            acc_g = _dot(g, lm, acc_g, SPLIT)
             g_sum += tl.sum(g, 1)
     if HAS_X:
         tl.store(out + b * s_ob + rows[:, None] * s_on + xx[None, :], acc,
@@ -131,8 +163,9 @@ def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
 def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
           s_qb, s_qn, s_lb, s_lm, s_yb, s_yn, s_Lb, s_Ln, s_Rb, s_Rm, s_os, s_ob, s_om,
           s_gs, s_gb, s_gm,
-          HAS_Y: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr, BN: tl.constexpr,
-          BM: tl.constexpr, DP: tl.constexpr, YP: tl.constexpr, KP: tl.constexpr):
+          HAS_Y: tl.constexpr, HAS_G: tl.constexpr, EXACT_EXP: tl.constexpr,
+          SPLIT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, DP: tl.constexpr,
+          YP: tl.constexpr, KP: tl.constexpr):
     """Program (landmark block, batch, row slice): partial sums over the slice's rows of
     out = Pᵀ·Y and grad_l = Gᵀ·q - colsum(G) ⊙ l̃ (module docstring). y (b, N, NY);
     out (slices, b, M, NY), grad_l (slices, b, M, D); the rest as ``_rows``."""
@@ -162,11 +195,11 @@ def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
         pt = _kernel_block(lm, half_sq_l, q, half_sq_q, EXACT_EXP)
         if HAS_Y:
             yb = _load(y + b * s_yb, rows, in_rows, s_yn, yy, NY)
-            acc += tl.dot(pt, yb, input_precision='ieee')
+            acc = _dot(pt, yb, acc, SPLIT)
         if HAS_G:
             lft = _load(left + b * s_Lb, rows, in_rows, s_Ln, kk, K)
-            gt = tl.dot(rgt, tl.trans(lft), input_precision='ieee') * pt
-            acc_g += tl.dot(gt, q, input_precision='ieee')
+            gt = _dot(rgt, tl.trans(lft), tl.zeros((BM, BN), dtype=tl.float32), SPLIT) * pt
+            acc_g = _dot(gt, q, acc_g, SPLIT)
             g_sum += tl.sum(gt, 1)
     if HAS_Y:
         tl.store(out + part * s_os + b * s_ob + cols[:, None] * s_om + yy[None, :], acc,
@@ -191,8 +224,11 @@ def warps(backward):
     """Warps per program: 8 forward, 16 for the backward programs, which hold more
     (BN, BM) blocks (R or L, ∇P, G besides P). Compiled for sm_90 (Triton's ptxas, no GPU
     needed; tests/models/attention/test_fused.py) every program stays in registers:
-    forward 109-112 per thread with 8 warps (with 4: 168-255); backward 96-116 with 16
-    (with 8: 255 and spills, with 4: 32 and 7.5 kB spilled per thread)."""
+    forward 109-112 per thread with 8 warps (with 4: 168-255), with split products
+    (``_dot``) 128-144; backward 96-116 with 16 (with 8: 255 and spills, with 4: 32 and
+    7.5 kB spilled per thread). With split products the backward programs spilled at
+    every count tried (4, 8, 16 warps; 64×64 blocks and 32×32; with ∇P's product in
+    float32 too), so they keep float32 products (``_launch_options``)."""
     return 16 if backward else 8
 
 
@@ -228,14 +264,16 @@ def _pointers(stand_in, *tensors):
     return tensors, [s for t in tensors for s in (t.stride(0), t.stride(1))]
 
 
-def _launch_options(K, backward):
-    """The block sizes, ∇P's depth K padded, the exponential and the warps of a launch."""
-    return dict(EXACT_EXP=not _interpreting(), BN=BLOCK_ROWS, BM=BLOCK_COLS, KP=_pow2(K),
-                num_warps=warps(backward))
+def _launch_options(K, backward, split):
+    """The block sizes, ∇P's depth K padded, the exponential, the products' precision
+    (split in the programs without G only: ``warps``) and the warps of a launch."""
+    return dict(EXACT_EXP=not _interpreting(), SPLIT=split and not backward, BN=BLOCK_ROWS,
+                BM=BLOCK_COLS, KP=_pow2(K), num_warps=warps(backward))
 
 
-def _run_rows(fq, fl, x=None, left=None, right=None):
-    """``_rows``: (P·X or None, ∇q or None) for X (b, m, n) and ∇P = left·rightᵀ."""
+def _run_rows(fq, fl, x=None, left=None, right=None, split=False):
+    """``_rows``: (P·X or None, ∇q or None) for X (b, m, n) and ∇P = left·rightᵀ; the
+    products with P (and ∇P's) split into TF32 ones where ``split`` (``_dot``)."""
     fq, fl, x, left, right = _prepared(fq, fl, x, left, right)
     b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
     n = 0 if x is None else x.shape[-1]
@@ -246,13 +284,13 @@ def _run_rows(fq, fl, x=None, left=None, right=None):
     _rows[(math.ceil(N / BLOCK_ROWS), b)](
         *tensors, N, fl.shape[1], D, n, K, *strides, HAS_X=x is not None,
         HAS_G=left is not None, DP=_pow2(D), XP=_pow2(n),
-        **_launch_options(K, left is not None))
+        **_launch_options(K, left is not None, split))
     return out, grad_q
 
 
-def _run_cols(fq, fl, y=None, left=None, right=None):
+def _run_cols(fq, fl, y=None, left=None, right=None, split=False):
     """``_cols``: (Pᵀ·Y or None, ∇l or None) for Y (b, N, n) and ∇P = left·rightᵀ, the
-    row slices' partial sums added in slice order."""
+    row slices' partial sums added in slice order; ``split`` as ``_run_rows``."""
     fq, fl, y, left, right = _prepared(fq, fl, y, left, right)
     b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
     M = fl.shape[1]
@@ -269,31 +307,36 @@ def _run_cols(fq, fl, y=None, left=None, right=None):
     _cols[(blocks, b, splits)](
         *tensors, o, g, N, M, D, n, K, slice_rows, *strides, *o.stride()[:3],
         *g.stride()[:3], HAS_Y=y is not None, HAS_G=left is not None, DP=_pow2(D),
-        YP=_pow2(n), **_launch_options(K, left is not None))
+        YP=_pow2(n), **_launch_options(K, left is not None, split))
     return tuple(None if t is None else t.sum(0) for t in (out, grad_l))
 
 
-def product(fq, fl, w3, transpose=False):
+def product(fq, fl, w3, transpose=False, split=False):
     """``soft._kernel_product`` in the fused kernels: P·W, (b, N, n), or Pᵀ·W, (b, m, n),
-    for P = κ from the features, float32."""
-    return (_run_cols(fq, fl, y=w3) if transpose else _run_rows(fq, fl, x=w3))[0]
+    for P = κ from the features, float32; the products with P split into TF32 ones where
+    ``split`` (``_dot``; the logits stay float32)."""
+    return (_run_cols(fq, fl, y=w3, split=split) if transpose else
+            _run_rows(fq, fl, x=w3, split=split))[0]
 
 
-def backward(fq, fl, grad, transpose, left, right, needs):
+def backward(fq, fl, grad, transpose, left, right, needs, split=False):
     """``soft._kernel_backward`` in the fused kernels (the same arguments less the row
-    chunk count): ∇W, ∇q and ∇l, None where not needed. The rows kernel gives ∇q (and
-    ∇W = P·∇out for Pᵀ·W), the columns kernel ∇l (and ∇W = Pᵀ·∇out for P·W)."""
+    chunk count, and ``split`` as ``product``): ∇W, ∇q and ∇l, None where not needed. The
+    rows kernel gives ∇q (and ∇W = P·∇out for Pᵀ·W), the columns kernel ∇l (and
+    ∇W = Pᵀ·∇out for P·W)."""
     need_w, need_q, need_l = needs
     grad_w = grad_q = grad_l = None
-    lr = dict(left=left, right=right)
+    lr = dict(left=left, right=right, split=split)
     if need_q or (need_w and transpose):
         grad_w_rows, grad_q = _run_rows(
-            fq, fl, x=grad if need_w and transpose else None, **(lr if need_q else {}))
+            fq, fl, x=grad if need_w and transpose else None,
+            **(lr if need_q else dict(split=split)))
         if transpose:
             grad_w = grad_w_rows
     if need_l or (need_w and not transpose):
         grad_w_cols, grad_l = _run_cols(
-            fq, fl, y=grad if need_w and not transpose else None, **(lr if need_l else {}))
+            fq, fl, y=grad if need_w and not transpose else None,
+            **(lr if need_l else dict(split=split)))
         if not transpose:
             grad_w = grad_w_cols
     return grad_w, grad_q, grad_l

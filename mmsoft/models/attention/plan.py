@@ -13,10 +13,12 @@ changes what is computed, only how (up to float rounding):
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
     float32_products   the iterations' float32 m×m products ('iterative''s and 'tf32''s
-                       float32 steps, the thin steps' X_k): 'float32' (the library's,
-                       CUDA cores) or 'tf32x3' (three TF32 tensor-core products of
-                       split operands, float32's accuracy: on CUDA one Triton kernel per
-                       product, ``split_matmul.py``; emulated elsewhere, slow)
+                       float32 steps, the thin steps' X_k), and with 'fused' kernel
+                       products the forward kernels' products with P: 'float32' (the
+                       library's, CUDA cores) or 'tf32x3' (three TF32 tensor-core
+                       products of split operands, float32's accuracy: on CUDA one
+                       Triton kernel per product, ``split_matmul.py``; emulated
+                       elsewhere, slow)
     thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
                        are applied to the thin matrix (one m×m product each instead of
                        two; with gradients where that costs less than forming them, on

@@ -87,9 +87,10 @@ def _fused(q, plan):
 def _chunk_count(q, landmarks, plan=None):
     """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
-    ``compiled_kernel_chunks``, whatever the size; None where the fused kernels compute
-    P's products without forming it (``_fused``). ``plan`` None: the plan in force for
-    q's device type.
+    ``compiled_kernel_chunks``, whatever the size. Where the fused kernels compute P's
+    products without forming it (``_fused``), the plan's ``float32_products`` instead (a
+    str: 'tf32x3' splits their products with P into TF32 ones). ``plan`` None: the plan
+    in force for q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -100,7 +101,7 @@ def _chunk_count(q, landmarks, plan=None):
     if plan is None:
         plan = plan_for(q.device.type)
     if _fused(q, plan):
-        return None
+        return plan.float32_products
     if is_compiling():
         return plan.compiled_kernel_chunks
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
@@ -155,14 +156,15 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        count (int | None): P's row chunks (``_chunk_count``); None: the fused kernels.
+        count (int | str): P's row chunks (``_chunk_count``); a str: the fused kernels,
+            with their products split into TF32 ones if 'tf32x3'.
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
     """
-    if count is None:
+    if isinstance(count, str):
         from . import fused
-        return fused.product(fq, fl, w3, transpose)
+        return fused.product(fq, fl, w3, transpose, split=count == 'tf32x3')
     if not transpose:
         return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
@@ -182,7 +184,8 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
-        count (int | None): P's row chunks (``_chunk_count``); None: the fused kernels.
+        count (int | str): P's row chunks (``_chunk_count``); a str: the fused kernels
+            (as ``_kernel_product``).
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -190,9 +193,10 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         tuple: ∇W ((b, m, n), or (b, N, n) if ``transpose``), ∇q (b, N, K - 2) and ∇l
         (b, m, K - 2); None where not needed.
     """
-    if count is None:
+    if isinstance(count, str):
         from . import fused
-        return fused.backward(fq, fl, grad, transpose, left, right, needs)
+        return fused.backward(fq, fl, grad, transpose, left, right, needs,
+                              split=count == 'tf32x3')
     need_w, need_q, need_l = needs
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)

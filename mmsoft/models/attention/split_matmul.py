@@ -10,21 +10,21 @@ cores: with x = hi + lo, hi = x rounded to TF32 and lo = x - hi,
 
 (the dropped lo_a·lo_b is about 2^-22 of a·b). ``newton._split_bmm`` makes it of three
 library products and the splits as separate passes over memory; here one Triton
-program per output block splits its operand blocks in registers, as ``tl.dot`` with
-``input_precision='tf32x3'`` does (the two small terms summed first, then the large one,
-per block of K), and adds the epilogue β·C + α·(a·b) of ``torch.baddbmm`` (a Newton step
-2V - V·X in one launch).
+program per output block splits its operand blocks in registers (``fused._dot``: hi and
+lo rounded to TF32 as ``newton.round_tf32`` rounds, the two small terms summed first,
+then the large one, per block of K) and adds the epilogue β·C + α·(a·b) of
+``torch.baddbmm`` (a Newton step 2V - V·X in one launch).
 
 On CUDA the kernel is compiled by Triton. Elsewhere it runs only in Triton's interpreter
-(TRITON_INTERPRET=1 when Triton is imported), which computes the blocks' products in
-float32 without the TF32 rounding: the tests check the indexing there, and the rounding
-through ``newton``'s emulation of the same split (``round_tf32``).
+(TRITON_INTERPRET=1 when Triton is imported). Every operand of its TF32 products is a
+TF32 value, which tensor cores multiply exactly and the interpreter's float32 products
+too: the interpreter computes the same products, up to the order of the sums.
 """
 import torch
 import triton
 import triton.language as tl
 
-from .fused import INTERPRETER_PROGRAMS, _interpreting
+from .fused import INTERPRETER_PROGRAMS, _dot, _interpreting
 
 __all__ = ['baddbmm']
 
@@ -32,16 +32,15 @@ BLOCK_K = 32
 # (BM, BN, warps) tried in turn: the first whose output blocks give every streaming
 # multiprocessor one, else the last (``_blocks``). Compiled for sm_90 (Triton's ptxas,
 # no GPU needed; tests/models/attention/test_split_matmul.py) both stay in registers:
-# 128×64 with 8 warps 183 per thread, 64×64 with 4 190; 128×128 spilled with 8 warps
-# and BK = 32 (255 with BK = 16), 128×64 with 4 warps spilled 112 bytes per thread.
+# 128×64 with 8 warps 176-178 per thread, 64×64 with 4 186-188; 128×128 with 8 warps
+# and 64×128 with 4 reach 248-255.
 BLOCKS = ((128, 64, 8), (64, 64, 4))
 
 
 @triton.jit
 def _baddbmm(a, b, c, out, M, N, K, alpha, beta,
              s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_ob, s_om, s_on,
-             HAS_C: tl.constexpr, PRECISION: tl.constexpr, BM: tl.constexpr,
-             BN: tl.constexpr, BK: tl.constexpr):
+             HAS_C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Program (row block, column block, batch): out = β·c + α·(a·b) on its block.
     a (B, M, K), b (B, K, N), c and out (B, M, N), any strides."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -56,7 +55,7 @@ def _baddbmm(a, b, c, out, M, N, K, alpha, beta,
         in_k = start + kk < K
         x = tl.load(pa, mask=in_rows[:, None] & in_k[None, :], other=0.)
         y = tl.load(pb, mask=in_k[:, None] & in_cols[None, :], other=0.)
-        acc = tl.dot(x, y, acc, input_precision=PRECISION)
+        acc = _dot(x, y, acc, True)
         pa += BK * s_ak
         pb += BK * s_bk
     acc = alpha * acc
@@ -101,6 +100,6 @@ def baddbmm(c, a, b, beta=1., alpha=1.):
     cc = out if c is None else c  # a pointer the program does not read
     _baddbmm[(-(-M // BM), -(-N // BN), B)](
         a, b, cc, out, M, N, K, float(alpha), float(beta), *a.stride(), *b.stride(),
-        *cc.stride(), *out.stride(), HAS_C=c is not None, PRECISION='tf32x3', BM=BM,
-        BN=BN, BK=BLOCK_K, num_warps=warps)
+        *cc.stride(), *out.stride(), HAS_C=c is not None, BM=BM, BN=BN, BK=BLOCK_K,
+        num_warps=warps)
     return out

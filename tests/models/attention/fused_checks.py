@@ -41,7 +41,8 @@ for transpose, w in thin.items():
     ref = soft._kernel_product(fq64, fl64, w, 2, transpose)
     result['products'][str(transpose)] = [
         dev(fused.product(fq, fl, w.float(), transpose), ref),
-        dev(soft._kernel_product(fq, fl, w.float(), 2, transpose), ref)]
+        dev(soft._kernel_product(fq, fl, w.float(), 2, transpose), ref),
+        dev(fused.product(fq, fl, w.float(), transpose, split=True), ref)]
 left = torch.randn(b, N, 2 * d, dtype=torch.float64)  # ∇P = left·rightᵀ, depth 2d
 right = torch.randn(b, m, 2 * d, dtype=torch.float64)
 result['backward'] = {}
@@ -53,8 +54,10 @@ for transpose in (False, True):
         args = (grad.float(), transpose, left.float(), right.float(), needs)
         got = fused.backward(fq, fl, *args)
         lib = soft._kernel_backward(fq, fl, 2, *args)
+        split = fused.backward(fq, fl, *args, split=True)
         result['backward'][f'{transpose} {needs}'] = [
-            [dev(g, r) for g, r in zip(got, ref)], [dev(g, r) for g, r in zip(lib, ref)]]
+            [dev(g, r) for g, r in zip(got, ref)], [dev(g, r) for g, r in zip(lib, ref)],
+            [dev(g, r) for g, r in zip(split, ref)]]
 
 
 # a gradient autograd expands from a sum (no unit stride anywhere), for both products
@@ -70,13 +73,19 @@ for transpose in (False, True):
 
 # soft_attention, with and without gradients (the hand-over of kernel_attention's
 # backward passes: ∇P of both products)
+# the plans compared: the library's products over row chunks, the fused kernels, and the
+# fused kernels with their products with P and the iterate's float32 products split
+PLANS = {'chunks': dict(kernel_products='chunks'), 'fused': dict(kernel_products='fused'),
+         'fused split': dict(kernel_products='fused', float32_products='tf32x3')}
+
+
 def layer(kind, dtype):
     torch.manual_seed(1)
     shape = (2, 3)
     q = (torch.randn(*shape, 130, d, dtype=torch.float64) * 0.4).to(dtype).requires_grad_()
     lm = (torch.randn(*shape, 40, d, dtype=torch.float64) * 0.4).to(dtype).requires_grad_()
     v = torch.randn(*shape, 130, d, dtype=torch.float64).to(dtype).requires_grad_()
-    with attention_plan(kernel_products=kind, device='cpu'):
+    with attention_plan(**PLANS[kind], device='cpu'):
         out = soft_attention(q, lm, v, pinv_method='iterative')
         with torch.no_grad():
             inference = soft_attention(q, lm, v, pinv_method='iterative')
@@ -86,7 +95,7 @@ def layer(kind, dtype):
 
 ref = layer('chunks', torch.float64)
 result['layer'] = {kind: [dev(g, r) for g, r in zip(layer(kind, torch.float32), ref)]
-                   for kind in ('fused', 'chunks')}
+                   for kind in PLANS}
 
 # SOFT-T's output maps and one training step's gradients (BatchNorm in eval mode) against
 # the float64 official order, as tools/analysis_tools/fidelity.py measures the floor
@@ -95,8 +104,8 @@ x = torch.rand(1, 3, 96, 160)
 refs = reference_outputs(model, x)
 grad_refs = reference_gradients(model, x)
 result['backbone'] = {}
-for kind in ('fused', 'chunks'):
-    with attention_plan(kernel_products=kind, device='cpu'):
+for kind in PLANS:
+    with attention_plan(**PLANS[kind], device='cpu'):
         maps = output_deviations(model, x, refs)
         grads = gradient_deviations(model, x, grad_refs)
     result['backbone'][kind] = dict(maps=maps, gradient=max(grads.values()))

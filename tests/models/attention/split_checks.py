@@ -1,15 +1,16 @@
 """Run in Triton's interpreter by test_split_matmul.py (TRITON_INTERPRET=1 is set before
 Triton is imported): ``split_matmul.baddbmm`` against float64, printed as one JSON line.
 
-The interpreter multiplies the blocks in float32 without TF32 rounding, so this checks
-the kernel's indexing, masks, strides, batch and epilogue; the rounding of the split is
-checked through ``newton``'s emulation of it.
+The kernel rounds its operands' parts to TF32 itself, so the interpreter computes the
+products the tensor cores would: this checks the kernel's indexing, masks, strides,
+batch and epilogue against float64 and against ``newton``'s emulation of the split, and
+on one entry that the split rounds (a value whose remainder TF32 cannot hold).
 """
 import json
 
 import torch
 
-from mmsoft.models.attention import split_matmul
+from mmsoft.models.attention import newton, split_matmul
 
 # (batch, M, K, N, with c, a given transposed (column-major), beta, alpha): sizes not
 # multiples of the blocks, both block shapes (``split_matmul._blocks``), a Newton step's
@@ -30,11 +31,24 @@ def main():
         ref = alpha * (a.double() @ b.double())
         if with_c:
             ref += beta * c.double()
-        dev = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+        emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision='tf32x3')
+        scale = ref.abs().max()
         results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
                             blocks=split_matmul._blocks(B, M, N, a.device)[:2],
-                            shape=list(out.shape), deviation=dev))
-    print(json.dumps(results))
+                            shape=list(out.shape),
+                            deviation=((out.double() - ref).abs().max() / scale).item(),
+                            from_emulation=((out - emulated).abs().max() / scale).item()))
+    # x = 1 + 2^-11 + 2^-23: hi = 1 + 2^-10, and the remainder -2^-11 + 2^-23 rounds to
+    # -2^-11 in TF32, so the split gives x·1 = 1 + 2^-11 where float32 gives x exactly
+    x = 1 + 2.**-11 + 2.**-23
+    a = torch.zeros(1, 64, 32)
+    a[..., 0] = x
+    b = torch.zeros(1, 32, 64)
+    b[:, 0] = 1
+    out = split_matmul.baddbmm(None, a, b)
+    rounding = dict(split=out.unique().tolist(), float32=(a @ b).unique().tolist(),
+                    expected=1 + 2.**-11)
+    print(json.dumps(dict(cases=results, rounding=rounding)))
 
 
 if __name__ == '__main__':

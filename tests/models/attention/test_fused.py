@@ -47,19 +47,21 @@ def test_partial_sums_over_row_slices(interpreted):
 
 @pytest.mark.parametrize('transpose', ['False', 'True'])
 def test_products_match_float64(interpreted, transpose):
-    fused, chunks = interpreted['products'][transpose]
+    fused, chunks, split = interpreted['products'][transpose]
     assert fused <= PRODUCT_TOL, (fused, chunks)
+    assert split <= PRODUCT_TOL, (split, chunks)  # TF32 products of split operands
     assert chunks <= PRODUCT_TOL  # the library products meet the same bound
 
 
 def test_backward_gives_what_is_needed_within_float32(interpreted):
-    for case, (fused, chunks) in interpreted['backward'].items():
+    for case, (fused, chunks, split) in interpreted['backward'].items():
         needs = eval(case.split(' ', 1)[1])  # (∇W, ∇q, ∇l) asked for
         for i, need in enumerate(needs):
             # the same gradients as the library products, None where not asked for
             assert (fused[i] is None) == (chunks[i] is None) == (not need), case
             if need:
                 assert fused[i] <= PRODUCT_TOL, (case, i, fused, chunks)
+                assert split[i] <= PRODUCT_TOL, (case, i, split, chunks)
 
 
 @pytest.mark.parametrize('transpose', ['False', 'True'])
@@ -71,7 +73,7 @@ def test_backward_takes_an_expanded_gradient(interpreted, transpose):
 
 def test_attention_layer_matches_float64(interpreted):
     # outputs with and without gradients, then ∇q, ∇landmarks, ∇v
-    for kind in ('fused', 'chunks'):
+    for kind in ('fused', 'chunks', 'fused split'):
         devs = interpreted['layer'][kind]
         assert max(devs) <= LAYER_TOL, (kind, devs)
 
@@ -79,7 +81,7 @@ def test_attention_layer_matches_float64(interpreted):
 def test_backbone_keeps_the_floor(interpreted):
     # SOFT-T's four output maps and one training step's parameter gradients against the
     # float64 official order, as tools/analysis_tools/fidelity.py measures the floor
-    for kind in ('fused', 'chunks'):
+    for kind in ('fused', 'chunks', 'fused split'):
         result = interpreted['backbone'][kind]
         assert max(result['maps']) <= OUTPUT_TOL, (kind, result)
         assert result['gradient'] <= GRADIENT_TOL, (kind, result)
@@ -120,20 +122,29 @@ def test_compiled_code_runs_the_library_products():
 
 
 @needs_sm90_compiler
-@pytest.mark.parametrize('backward', [False, True])
-def test_kernels_compile_for_h100_without_spills(backward):
+@pytest.mark.parametrize('backward, split', [(False, False), (True, False), (False, True)])
+def test_kernels_compile_for_h100_without_spills(backward, split):
     """The programs as ``fused.product`` and ``fused.backward`` launch them compile for
-    sm_90, keep their blocks in registers (a spill to local memory would cost each
-    program a round trip to memory per block) and multiply in float32 on the CUDA cores,
-    with no TF32 tensor-core instruction (mma/wgmma), which would miss the floor: what a
-    GPU call would otherwise find out first."""
+    sm_90 and keep their blocks in registers (a spill to local memory would cost each
+    program a round trip to memory per block): what a GPU call would otherwise find out
+    first. They multiply in float32 on the CUDA cores, with no TF32 tensor-core
+    instruction (mma/wgmma), which would miss the floor; with split products (forward
+    programs only: ``fused._launch_options``) in TF32 wgmma products of split operands,
+    their logits still in float32."""
     from mmsoft.models.attention import fused
-    shared = dict(HAS_G=backward, EXACT_EXP=True, BN=fused.BLOCK_ROWS, BM=fused.BLOCK_COLS,
-                  DP=32, KP=64 if backward else 16)
+    options = fused._launch_options(64 if backward else 0, backward, split)
+    assert options['SPLIT'] == split  # the backward programs never split
+    warps = options.pop('num_warps')
+    options.update(HAS_G=backward, EXACT_EXP=True, DP=32)
     for kernel, has in ((fused._rows, 'HAS_X'), (fused._cols, 'HAS_Y')):
         size = 'XP' if has == 'HAS_X' else 'YP'
-        use, ptx = sm90_resources(kernel, {**shared, has: True, size: 32},
-                                  fused.warps(backward), pointers=FUSED_POINTERS)
+        use, ptx = sm90_resources(kernel, {**options, has: True, size: 32}, warps,
+                                  pointers=FUSED_POINTERS)
         assert use['STACK'] == 0 and use['REG'] <= 255, (kernel.__name__, use)
-        assert 'fma.rn.f32' in ptx and 'tf32' not in ptx, kernel.__name__
-        assert not re.search(r'\bw?mma\.', ptx), kernel.__name__
+        assert 'fma.rn.f32' in ptx, kernel.__name__  # the logits
+        mma = re.findall(r'\b(?:wg)?mma\.\S*', ptx)  # mma.sync, wgmma.mma_async
+        if split:
+            products = [m for m in mma if 'mma_async' in m]
+            assert products and all('.tf32.tf32' in m for m in products), set(mma)
+        else:
+            assert 'tf32' not in ptx and not mma, kernel.__name__

@@ -2,10 +2,11 @@
 (``float32_products='tf32x3'``, ``split_matmul.py``).
 
 Without a GPU the kernel runs in Triton's interpreter (``split_checks.py``, a process of
-its own), which multiplies in float32 without TF32 rounding: the indexing is checked
-there, and the rounding of the split through its emulation in ``newton`` (the hard
-kernels in test_attention.py, the network's floor in test_fidelity.py). Compiled for an
-H100 below: tensor-core instructions, registers. On CUDA, tests/models/test_cuda.py.
+its own). The kernel rounds its operands' parts to TF32 itself, so the interpreter
+computes the products tensor cores would: checked there against float64 and against
+``newton``'s emulation of the split, which the hard kernels (test_attention.py) and the
+network's floor (test_fidelity.py) run. Compiled for an H100 below: tensor-core
+instructions, registers. On CUDA, tests/models/test_cuda.py.
 """
 import json
 import os.path as osp
@@ -23,9 +24,10 @@ from mmsoft.testing import hard_problem
 pytestmark = pytest.mark.skipif(not triton_available(),
                                 reason='the split products need Triton 3 or later')
 
-# float32 sums of up to 200 terms against float64: measured ≤ 1.8e-7 of the largest
-# entry; bound ~5× that
-PRODUCT_TOL = 1e-6
+# float32 sums of up to 200 terms against float64, and against the emulation (another
+# order of sums): measured ≤ 2.3e-7 and ≤ 3.9e-7 of the largest entry; bound ~4× that (a
+# dropped cross term moves them by ~2^-11)
+PRODUCT_TOL = 1.5e-6
 
 
 @pytest.fixture(scope='module')
@@ -35,15 +37,22 @@ def interpreted():
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_products_match_float64(interpreted):
-    for result in interpreted:
+def test_products_match_float64_and_the_emulation(interpreted):
+    for result in interpreted['cases']:
         B, M, _, N = result['case'][:4]
         assert result['shape'] == [B, M, N]
         assert result['deviation'] <= PRODUCT_TOL, result
+        assert result['from_emulation'] <= PRODUCT_TOL, result
+
+
+def test_the_split_rounds_to_tf32(interpreted):
+    # a remainder TF32 cannot hold is rounded, as on tensor cores: not float32's product
+    rounding = interpreted['rounding']
+    assert rounding['split'] == [rounding['expected']] != rounding['float32'], rounding
 
 
 def test_both_block_shapes_run(interpreted):
-    assert {tuple(r['blocks']) for r in interpreted} == {(128, 64), (64, 64)}
+    assert {tuple(r['blocks']) for r in interpreted['cases']} == {(128, 64), (64, 64)}
 
 
 def test_cpu_tensors_need_the_interpreter():
@@ -76,17 +85,15 @@ def test_emulated_split_is_float32_not_tf32():
 @needs_sm90_compiler
 def test_kernel_compiles_to_tensor_cores_without_spills():
     """Each block shape ``baddbmm`` launches compiles for sm_90 into TF32 tensor-core
-    products (wgmma) of operands rounded to TF32 in registers (cvt.rna.tf32.f32), three
-    per block of K, and keeps its blocks in registers: what a GPU call would otherwise
+    products (wgmma) and keeps its blocks in registers: what a GPU call would otherwise
     find out first."""
     from mmsoft.models.attention import split_matmul
     for BM, BN, warps in split_matmul.BLOCKS:
         for has_c in (False, True):
             use, ptx = sm90_resources(
-                split_matmul._baddbmm, dict(HAS_C=has_c, PRECISION='tf32x3', BM=BM, BN=BN,
+                split_matmul._baddbmm, dict(HAS_C=has_c, BM=BM, BN=BN,
                                             BK=split_matmul.BLOCK_K),
                 warps, pointers=('a', 'b', 'c', 'out'), floats=('alpha', 'beta'))
             assert use['STACK'] == 0 and use['REG'] <= 255, (BM, BN, has_c, use)
             mma = re.findall(r'wgmma\.mma_async\S*', ptx)
             assert mma and all('.tf32.tf32' in m for m in mma), (BM, BN, set(mma))
-            assert 'cvt.rna.tf32.f32' in ptx
