@@ -304,13 +304,16 @@ def _kernel_once(q, lm, v, w):
         return P @ w
 
 
-def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks'):
+def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks',
+                    float32_products='float32'):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), or in the fused kernels (``products='fused'``), with
+    forced for this device type), or in the fused kernels (``products='fused'``, their
+    forward products split into TF32 ones with ``float32_products='tf32x3'``), with
     backward if ``train``: then as training runs them, W = κᵀ·V with one G for both
     products (``kernel_attention``, the middle left out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
     with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None, kernel_products=products,
+                        float32_products=float32_products,
                         device=torch.device(device).type), torch.set_grad_enabled(train):
         if train:
             kernel_attention(q, lm, v, lambda _, z: z).sum().backward()
@@ -355,6 +358,9 @@ def section_kernel(args, out):
                 if fused:
                     fns['fused'] = partial(_kernel_chunked, args.device, 1, train, *tensors,
                                            products='fused')
+                    fns['fused, split'] = partial(_kernel_chunked, args.device, 1, train,
+                                                  *tensors, products='fused',
+                                                  float32_products='tf32x3')
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -363,7 +369,8 @@ def section_kernel(args, out):
         for name, fns in cases.items():
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
-    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each'] + ['fused'] * fused
+    cols = (['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
+            + ['fused', 'fused, split'] * fused)
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -377,7 +384,9 @@ def section_kernel(args, out):
                  'chunk by chunk), as training runs them: one G = ∇P ⊙ P for both '
                  "products, and one each ('a G each', at the plan's chunk: as under "
                  "torch.compile); 'fused': the fused Triton kernels, P never formed "
-                 "(kernel_products='fused'; CUDA). The plan's kernel_chunk on "
+                 "(kernel_products='fused'; CUDA); 'fused, split': their forward products "
+                 "with P as TF32 products of split operands (float32_products='tf32x3'). "
+                 "The plan's kernel_chunk on "
                  f'{args.device}: the fastest chunk; its kernel_once_up_to: up to which '
                  'size of P once wins.')
     return lines

@@ -40,7 +40,8 @@ runs. The steps, by part (one call of a lent GPU machine each):
   detector       benchmark --sections detector (also SOFT-S with cuda_graphs)
   --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
-                 kernel_chunk and kernel_once_up_to
+                 kernel_chunk and kernel_once_up_to; the fused kernel products per
+                 stage, with and without split products (CUDA)
   bf16, fp16     speed and training step under torch.autocast (--amp bf16 / fp16)
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
