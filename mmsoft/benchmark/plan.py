@@ -232,9 +232,9 @@ def section_matmul(args, out):
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
                  'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '
                  f'splits are included in its time; {SPLIT_KERNEL}: the same in one Triton '
-                 'kernel, as float32_products=\'tf32x3\' runs the float32 steps). TF32 tensor cores should reach several '
-                 'times the float32 rate; if they do not at an aligned m, the TF32 setting '
-                 'does not reach the products that run.')
+                 "kernel, as float32_products='tf32x3' runs the float32 steps). TF32 tensor "
+                 'cores should reach several times the float32 rate; if they do not at an '
+                 'aligned m, the TF32 setting does not reach the products that run.')
     return lines
 
 

@@ -243,17 +243,23 @@ def _row_splits(N, programs, device):
     return max(1, min(-(-N // BLOCK_ROWS), -(-target // programs)))
 
 
-def _prepared(*tensors):
-    """The tensors as the kernels read them: float32 (checked), with unit stride in the
-    last dimension (a gradient autograd expanded from a sum may have none: copied then);
-    None stays None."""
+def _check_inputs(what, *tensors):
+    """That a Triton kernel of this package (``what`` names it in the errors) can take
+    the tensors: on CUDA, or on the CPU in Triton's interpreter; float32 (None skipped)."""
     if not tensors[0].is_cuda and not _interpreting():
-        raise ValueError('the fused kernel products run on CUDA tensors, elsewhere only '
-                         'in Triton\'s interpreter (TRITON_INTERPRET=1 when Triton is '
-                         f'imported); got a tensor on {tensors[0].device}')
+        raise ValueError(f'{what} run on CUDA tensors, elsewhere only in Triton\'s '
+                         'interpreter (TRITON_INTERPRET=1 when Triton is imported); got a '
+                         f'tensor on {tensors[0].device}')
     for t in tensors:
         if t is not None and t.dtype != torch.float32:
-            raise ValueError(f'the fused kernel products take float32 tensors, got {t.dtype}')
+            raise ValueError(f'{what} take float32 tensors, got {t.dtype}')
+
+
+def _prepared(*tensors):
+    """The tensors as the kernels read them: float32 (checked, ``_check_inputs``), with
+    unit stride in the last dimension (a gradient autograd expanded from a sum may have
+    none: copied then); None stays None."""
+    _check_inputs('the fused kernel products', *tensors)
     return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 

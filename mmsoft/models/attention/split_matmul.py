@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fused import INTERPRETER_PROGRAMS, _dot, _interpreting
+from .fused import INTERPRETER_PROGRAMS, _check_inputs, _dot
 
 __all__ = ['baddbmm']
 
@@ -82,14 +82,8 @@ def baddbmm(c, a, b, beta=1., alpha=1.):
     """β·c + α·(a·b) for float32 a (B, M, K) and b (B, K, N), c (B, M, N) or None (then
     α·(a·b)): ``torch.baddbmm`` with the product as three TF32 tensor-core products of
     split operands (module docstring). CUDA tensors, or CPU tensors in Triton's
-    interpreter (the products there unrounded)."""
-    if not a.is_cuda and not _interpreting():
-        raise ValueError('the split float32 products run on CUDA tensors, elsewhere only '
-                         "in Triton's interpreter (TRITON_INTERPRET=1 when Triton is "
-                         f'imported); got a tensor on {a.device}')
-    for t in (a, b, c):
-        if t is not None and t.dtype != torch.float32:
-            raise ValueError(f'the split float32 products take float32 tensors, got {t.dtype}')
+    interpreter (the same products, up to the order of the sums)."""
+    _check_inputs('the split float32 products', a, b, c)
     B, M, K = a.shape
     N = b.shape[-1]
     if b.shape != (B, K, N) or (c is not None and c.shape != (B, M, N)):

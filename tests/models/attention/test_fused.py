@@ -6,15 +6,14 @@ prints its deviations from float64, which the tests below bound. On CUDA,
 tests/models/test_cuda.py checks them compiled (parity fixtures, training gradients, no
 host-device syncs).
 """
-import json
 import os
 import os.path as osp
 import re
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, needs_one_graph_dynamo, needs_sm90_compiler, rel_err, run, sm90_resources
+from conftest import (needs_one_graph_dynamo, needs_sm90_compiler, rel_err, run_interpreted,
+                      sm90_resources)
 
 from mmsoft.models.attention import attention_plan, soft_attention
 from mmsoft.models.attention.plan import triton_available
@@ -35,9 +34,7 @@ FUSED_POINTERS = ('fq', 'fl', 'x', 'y', 'left', 'right', 'out', 'grad_q', 'grad_
 @pytest.fixture(scope='module')
 def interpreted():
     """``fused_checks.py``'s deviations, run in Triton's interpreter."""
-    out = run([sys.executable, osp.join(osp.dirname(__file__), 'fused_checks.py')], cwd=ROOT,
-              env=dict(TRITON_INTERPRET='1'))
-    return json.loads(out.strip().splitlines()[-1])
+    return run_interpreted(osp.join(osp.dirname(__file__), 'fused_checks.py'))
 
 
 def test_partial_sums_over_row_slices(interpreted):

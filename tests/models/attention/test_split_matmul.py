@@ -8,14 +8,13 @@ computes the products tensor cores would: checked there against float64 and agai
 network's floor (test_fidelity.py) run. Compiled for an H100 below: tensor-core
 instructions, registers. On CUDA, tests/models/test_cuda.py.
 """
-import json
+import os
 import os.path as osp
 import re
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, needs_sm90_compiler, run, sm90_resources
+from conftest import needs_sm90_compiler, run_interpreted, sm90_resources
 
 from mmsoft.models.attention import newton_pinv_apply
 from mmsoft.models.attention.dtypes import triton_available
@@ -32,9 +31,8 @@ PRODUCT_TOL = 1.5e-6
 
 @pytest.fixture(scope='module')
 def interpreted():
-    out = run([sys.executable, osp.join(osp.dirname(__file__), 'split_checks.py')], cwd=ROOT,
-              env=dict(TRITON_INTERPRET='1'))
-    return json.loads(out.strip().splitlines()[-1])
+    """``split_checks.py``'s deviations, run in Triton's interpreter."""
+    return run_interpreted(osp.join(osp.dirname(__file__), 'split_checks.py'))
 
 
 def test_products_match_float64_and_the_emulation(interpreted):
@@ -55,10 +53,9 @@ def test_both_block_shapes_run(interpreted):
     assert {tuple(r['blocks']) for r in interpreted['cases']} == {(128, 64), (64, 64)}
 
 
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
+                    reason="this process runs Triton's interpreter")
 def test_cpu_tensors_need_the_interpreter():
-    import os
-    if os.environ.get('TRITON_INTERPRET') == '1':
-        pytest.skip("this process runs Triton's interpreter")
     from mmsoft.models.attention import split_matmul
     a = torch.randn(1, 4, 4)
     with pytest.raises(ValueError, match='interpreter'):
