@@ -180,7 +180,7 @@ def _seed():
 # sums fails there, not on a user's machine.
 NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_fidelity.py',
                     'test_xcit_sima.py', 'test_fixtures.py', 'test_fused.py',
-                    'test_split_matmul.py')
+                    'test_iterate_matmul.py')
 
 
 # The tests that go through the OpenMMLab packages' own machinery (registry, configs, the

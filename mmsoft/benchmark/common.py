@@ -113,7 +113,8 @@ def build(name, mode='auto'):
 
 # What a path's ``+modifier`` changes in its plan (``path_plan``)
 PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
-                  'tf32x3': dict(float32_products='tf32x3')}
+                  'tf32x3': dict(float32_products='tf32x3'),
+                  'fp16': dict(tf32_products='fp16')}
 
 
 def path_plan(name, device):
@@ -142,6 +143,9 @@ def path_plan(name, device):
       +fused                  P's products in the fused Triton kernels
       +tf32x3                 the iterate's float32 m×m products as three TF32 products
                               of split operands (``float32_products='tf32x3'``: one
+                              Triton kernel each on CUDA, emulated elsewhere)
+      +fp16                   'tf32''s TF32 products from fp16 tensor cores, operands
+                              scaled by powers of two (``tf32_products='fp16'``: one
                               Triton kernel each on CUDA, emulated elsewhere)
     """
     from mmsoft.models.attention import PLANS, plan_for

@@ -126,7 +126,9 @@ def section_pinv(args, out):
 
 
 # ----------------------------------------------------------------------------- matmul
-SPLIT_KERNEL = 'tf32x3 kernel'  # the matmul section's column for ``split_matmul``
+# the matmul section's columns for ``iterate_matmul``'s two precisions
+SPLIT_KERNEL = 'tf32x3 kernel'
+FP16_KERNEL = 'fp16 kernel'
 
 
 def _product(kind, a, b):
@@ -138,8 +140,12 @@ def _product(kind, a, b):
         with newton._cuda_tf32_matmuls():
             return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
     if kind == SPLIT_KERNEL:  # float32_products='tf32x3' on CUDA: one Triton kernel
-        from mmsoft.models.attention.split_matmul import baddbmm
+        from mmsoft.models.attention.iterate_matmul import baddbmm
         return baddbmm(a, a, b, beta=2, alpha=-1)
+    if kind == FP16_KERNEL:  # tf32_products='fp16' on CUDA
+        from mmsoft.models.attention.iterate_matmul import amax, baddbmm
+        return baddbmm(a, a, b, beta=2, alpha=-1, precision='fp16',
+                       amaxes=(amax(a), amax(b)))
     with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
@@ -174,11 +180,12 @@ def _tf32_conversion(m, device):
 
 def section_matmul(args, out):
     """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3':
-    three library products, and with Triton 3 one Triton kernel, ``split_matmul``), at
-    aligned and unaligned m (CUDA; on another device only float32)."""
+    three library products), and with Triton 3 ``iterate_matmul``'s kernel (split TF32,
+    and TF32's rounding from fp16 tensor cores), at aligned and unaligned m (CUDA; on
+    another device only float32)."""
     kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
     if args.device == 'cuda' and triton_available():
-        kinds += (SPLIT_KERNEL, )
+        kinds += (SPLIT_KERNEL, FP16_KERNEL)
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -232,8 +239,12 @@ def section_matmul(args, out):
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
                  'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '
                  f'splits are included in its time; {SPLIT_KERNEL}: the same in one Triton '
-                 "kernel, as float32_products='tf32x3' runs the float32 steps). TF32 tensor "
-                 'cores should reach several times the float32 rate; if they do not at an '
+                 "kernel, as float32_products='tf32x3' runs the float32 steps; "
+                 f"{FP16_KERNEL}: TF32's rounding from fp16 tensor cores in one Triton "
+                 "kernel, as tf32_products='fp16' runs the TF32 steps; its time includes "
+                 "two passes for the operands' maxima, which a Newton step takes from the "
+                 'products that made them). TF32 tensor cores should reach several times '
+                 'the float32 rate; if they do not at an '
                  'aligned m, the TF32 setting does not reach the products that run.')
     return lines
 

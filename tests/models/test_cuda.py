@@ -23,15 +23,18 @@ pytestmark = [
 # library; the default mode also in the other layout of ``HeadSharedConv``, with P's
 # products in the fused Triton kernels, with the iterate's float32 products split into
 # TF32 ones (one Triton kernel each; 'tf32x3' makes every product so), and both (the
-# fused kernels' products with P split too).
+# fused kernels' products with P split too); 'tf32' with its TF32 products from fp16
+# tensor cores (one Triton kernel each), alone and with every other kernel.
 SPLIT = dict(float32_products='tf32x3')
+FP16 = dict(tf32_products='fp16')
 
 
 @pytest.mark.parametrize('pinv_method, layout, choices', [
     *((m, 'images', {}) for m in ('auto', 'iterative', 'spectral', 'tf32', 'tf32x3')),
     ('auto', 'channels', {}), ('auto', 'images', dict(kernel_products='fused')),
     ('auto', 'images', SPLIT), ('tf32', 'images', SPLIT),
-    ('auto', 'images', dict(SPLIT, kernel_products='fused'))])
+    ('auto', 'images', dict(SPLIT, kernel_products='fused')), ('tf32', 'images', FP16),
+    ('tf32', 'images', dict(FP16, **SPLIT, kernel_products='fused'))])
 def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
     force_plan(local_conv_layout=layout, **choices, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
@@ -107,8 +110,8 @@ def test_soft_small_trains_on_cuda():
 
 @pytest.mark.parametrize('kwargs, choices', [
     ({}, {}), (dict(pinv_method='regularized'), {}), (dict(landmark_grid=16), {}),
-    ({}, dict(kernel_products='fused')), ({}, SPLIT)],
-    ids=['auto', 'regularized', 'grid16', 'fused', 'split'])
+    ({}, dict(kernel_products='fused')), ({}, SPLIT), ({}, dict(FP16, pinv='tf32'))],
+    ids=['auto', 'regularized', 'grid16', 'fused', 'split', 'fp16'])
 def test_no_host_device_sync(kwargs, choices, force_plan):
     """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
     raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""

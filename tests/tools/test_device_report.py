@@ -40,7 +40,8 @@ def test_report_runs_its_steps(tmp_path):
     assert (tmp_path / 'pinv.json').exists()
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
     # the fused kernels run on CUDA only
-    paths = set(device_report.FIDELITY_PATHS) - {device_report.FUSED, device_report.FUSED_SPLIT}
+    paths = set(device_report.FIDELITY_PATHS) - {
+        device_report.FUSED, device_report.FUSED_SPLIT, device_report.ALL_KERNELS}
     assert set(fidelity['outputs']['blank']) == paths
     assert set(fidelity['gradients']) == {'astronaut'}
     assert set(fidelity['gradients']['astronaut']['paths']) == paths
@@ -68,7 +69,9 @@ def test_every_step_is_a_command_its_tool_takes():
                     fused = device == 'cuda' and triton_available()
                     assert (device_report.FUSED in paths) == fused, (name, device)
                     assert (device_report.FUSED_SPLIT in paths) == fused, (name, device)
-                    assert device_report.SPLIT in paths, (name, device)  # emulated off CUDA
+                    assert (device_report.ALL_KERNELS in paths) == fused, (name, device)
+                    for emulated in (device_report.SPLIT, device_report.FP16):  # off CUDA
+                        assert emulated in paths, (name, device)
                 if tool == 'benchmark':
                     assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name
                     for path in parsed.soft_plans:  # benchmark.main checks them so

@@ -11,23 +11,25 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, FUSED, SPLIT and both (SPEED_PATHS, --soft-plans): what CUDA's
-                 plan gains on this GPU, what its thin steps gain in inference and
-                 training, and what the fused kernel products and the split float32
-                 products gain
+                 FORMED, FUSED, SPLIT, both, FP16 and all three (SPEED_PATHS,
+                 --soft-plans): what CUDA's plan gains on this GPU, what its thin steps
+                 gain in inference and training, and what the fused kernel products,
+                 the split float32 products and the fp16 TF32 products gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FORMED, FUSED and
-                 FUSED_SPLIT (where the time goes, and what the thin steps, the fused
-                 products and the split float32 products change)
+                 training step by GPU kernel under the plan, FORMED, FUSED, FUSED_SPLIT
+                 and ALL_KERNELS (where the time goes, and what the thin steps, the
+                 fused products, the split float32 products and the fp16 TF32
+                 products change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
                  the plan's pinv and its options
-  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and split
-                 TF32 (ms, TFLOP/s): do TF32 products reach the tensor cores?
+  matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
+                 TF32 and, in the Triton kernel, split TF32 and fp16 (ms, TFLOP/s): do
+                 TF32 products reach the tensor cores, and how fast are the kernel's?
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took, by phase)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
@@ -98,12 +100,17 @@ FUSED = 'fused'
 # (float32_products='tf32x3', one Triton kernel each), alone and with FUSED
 SPLIT = 'default+tf32x3'
 FUSED_SPLIT = 'fused+tf32x3'
+# CUDA's plan with its TF32 products from fp16 tensor cores (tf32_products='fp16', one
+# Triton kernel each), alone and with FUSED_SPLIT (every Triton kernel)
+FP16 = 'default+fp16'
+ALL_KERNELS = 'fused+tf32x3+fp16'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT,
+                     FP16, ALL_KERNELS])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, FUSED, SPLIT and FUSED_SPLIT
-SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT)
+# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16 and ALL_KERNELS
+SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, ALL_KERNELS)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -120,9 +127,10 @@ STEPS = {
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FORMED, FUSED, FUSED_SPLIT],
-                "where SOFT-S's time goes, by kernel: the plan, FORMED, FUSED and "
-                'FUSED_SPLIT'),
+                                      '--soft-plans', FORMED, FUSED, FUSED_SPLIT,
+                                      ALL_KERNELS],
+                "where SOFT-S's time goes, by kernel: the plan, FORMED, FUSED, "
+                'FUSED_SPLIT and ALL_KERNELS'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
@@ -195,13 +203,13 @@ def machine(device):
 
 
 def command(name, args):
-    """The argv of step ``name``. The paths with the fused kernels (FUSED, FUSED_SPLIT)
-    are left out where those cannot run: off CUDA (outside Triton's interpreter) and
-    without Triton 3."""
+    """The argv of step ``name``. The paths with the fused kernels (FUSED, FUSED_SPLIT,
+    ALL_KERNELS) are left out where those cannot run: off CUDA (outside Triton's
+    interpreter) and without Triton 3."""
     from mmsoft.models.attention.plan import triton_available
     _, tool, own, _ = STEPS[name]
     if args.device != 'cuda' or not triton_available():
-        own = [a for a in own if a not in (FUSED, FUSED_SPLIT)]
+        own = [a for a in own if a not in (FUSED, FUSED_SPLIT, ALL_KERNELS)]
     if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']

@@ -25,11 +25,15 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  split operands, x = hi + lo with hi = x rounded to TF32:
                  hi·hi + hi·lo + lo·hi, which keeps float32 accuracy on tensor cores
                  (``_matmul``: on CUDA one Triton kernel per product,
-                 ``split_matmul.py``; without Triton 3 three library products,
+                 ``iterate_matmul.py``; without Triton 3 three library products,
                  ``_split_bmm``). Emulated off CUDA, like 'tf32'.
 
 ``float32_products='tf32x3'`` makes the float32 m×m products of the other iterations the
 same way: 'iterative''s and 'tf32''s float32 steps and the thin steps' X_k.
+``tf32_products='fp16'`` makes 'tf32''s TF32 products on fp16 tensor cores (twice
+TF32's rate) with TF32's rounding: each operand matrix scaled by a power of two before
+it is rounded to fp16 (``round_fp16_scaled``; on CUDA one Triton kernel per product,
+``iterate_matmul.py``).
 
 Which method runs where, and with which options, is the device's plan (``plan.py``): the
 functions here take every choice as an argument and read no plan.
@@ -68,13 +72,15 @@ __all__ = [
     'EXACT_PINV_METHODS', 'check_pinv_options', 'check_spectral_inference',
     'check_thin_steps', 'newton_alpha',
     'newton_pinv', 'newton_pinv_apply', 'newton_pinv_error', 'normalize_inverse',
-    'regularized_apply', 'round_tf32', 'truncate_tf32'
+    'regularized_apply', 'round_fp16_scaled', 'round_tf32', 'truncate_tf32'
 ]
 
 # The ways to compute the same T-step iterate (module docstring).
 EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
-# How the float32 m×m products of the iterations are made (``_matmul``)
+# How the float32 m×m products of the iterations are made (``_matmul``), and the TF32
+# steps' products ('tf32''s; ``_newton_steps``)
 FLOAT32_PRODUCTS = ('float32', 'tf32x3')
+TF32_PRODUCTS = ('tf32', 'fp16')
 # Those whose iteration ends in float32 steps, which ``thin_steps`` can apply thin
 THIN_STEP_METHODS = ('iterative', 'tf32')
 # The options' values when a caller gives none (every plan's too, unless it says
@@ -97,14 +103,17 @@ TRIDIAGONAL_MIN_ITERS = 20
 
 
 def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to',
-                       float32_products='float32'):
+                       float32_products='float32', tf32_products='tf32'):
     """The options of how an iterate is computed besides its method (``newton_pinv``'s
     arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
-    pad_to, float32_products}. ``pad_name`` names the padding in the error (the argument
-    or the plan's field)."""
+    pad_to, float32_products, tf32_products}. ``pad_name`` names the padding in the
+    error (the argument or the plan's field)."""
     if float32_products not in FLOAT32_PRODUCTS:
         raise ValueError(f'float32_products must be one of {FLOAT32_PRODUCTS}, got '
                          f'{float32_products!r}')
+    if tf32_products not in TF32_PRODUCTS:
+        raise ValueError(f'tf32_products must be one of {TF32_PRODUCTS}, got '
+                         f'{tf32_products!r}')
     if eigh_dtype not in EIGH_DTYPES:
         raise ValueError(f'eigh_dtype must be one of {EIGH_DTYPES}, got {eigh_dtype!r}')
     steps = tf32_float32_steps
@@ -115,7 +124,7 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
     if not isinstance(pad_to, int) or pad_to < 1:
         raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
     return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to,
-                float32_products=float32_products)
+                float32_products=float32_products, tf32_products=tf32_products)
 
 
 def check_spectral_inference(spectral_inference):
@@ -265,6 +274,20 @@ def truncate_tf32(x):
     return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
 
 
+def round_fp16_scaled(x):
+    """float32 values as the 'fp16' TF32 products round them (``iterate_matmul``): each
+    matrix (the last two dimensions) scaled by the power of two that puts its largest
+    |entry| in [2^14, 2^15), rounded to fp16 (to nearest, ties to even) and scaled
+    back, still float32. That is ``round_tf32``'s rounding for every entry down to 2^-28
+    of the matrix's largest; smaller ones (fp16's subnormals) within 2^-39 of it."""
+    if x.dtype != torch.float32:
+        raise TypeError(f'round_fp16_scaled rounds float32 tensors, got {x.dtype}')
+    amax = x.abs().amax((-2, -1), keepdim=True)
+    k = (15 - torch.frexp(amax).exponent).clamp(-126, 127)  # as the kernel's _fp16_scale
+    scale = torch.ldexp(torch.ones_like(amax), k)
+    return (x * scale).half().float() / scale
+
+
 @contextmanager
 def _cuda_tf32_matmuls():
     """Let cuBLAS use TF32 for float32 products inside the block (restored after)."""
@@ -307,9 +330,9 @@ def _split_bmm(a, b):
 
 
 def _split_kernel(a):
-    """Whether ``_matmul``'s 'tf32x3' products of ``a`` run in ``split_matmul``'s Triton
-    kernel: a CUDA tensor, Triton 3, eager code (compiled and traced code keeps the
-    library products)."""
+    """Whether the products of ``a`` in 'tf32x3' (``_matmul``) and 'fp16'
+    (``_newton_steps``) run in ``iterate_matmul``'s Triton kernel: a CUDA tensor, Triton
+    3, eager code (compiled and traced code keeps the library products)."""
     return (a.is_cuda and triton_available() and not is_compiling()
             and not torch.jit.is_tracing())
 
@@ -317,7 +340,7 @@ def _split_kernel(a):
 def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
     """β·c + α·(a·b) (α·(a·b) for c None), a (B, m, k), b (B, k, n), with the product in
     ``precision``: 'float32' (the library's product in a's dtype) or 'tf32x3' (three TF32
-    products of split operands: on CUDA one Triton kernel, ``split_matmul.baddbmm``, or
+    products of split operands: on CUDA one Triton kernel, ``iterate_matmul.baddbmm``, or
     without Triton three library products, ``_split_bmm``; elsewhere emulated, the
     operands and their remainders rounded by ``round_tf32``). TF32 rounds float32 operands
     only: float64 runs in float64."""
@@ -326,7 +349,7 @@ def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
             return a @ b if alpha == 1 else (a @ b).mul_(alpha)
         return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
     if _split_kernel(a):
-        from .split_matmul import baddbmm
+        from .iterate_matmul import baddbmm
         return baddbmm(c, a, b, beta=beta, alpha=alpha)
     emulate = not a.is_cuda
     with _cuda_tf32_matmuls() if a.is_cuda else nullcontext():
@@ -347,12 +370,31 @@ def _newton_steps_split(A, V, steps):
     return V
 
 
+def _newton_steps_fp16(A, V, steps):
+    """``steps`` steps V ← 2V - V·(A·V) with TF32's rounding from fp16 tensor cores
+    (``iterate_matmul``, 'fp16'): each product one kernel launch, which also gives its
+    result's max |entry| for the next product's scale; the steps' maxima in one buffer
+    (one launch to zero it). A, V: (b, m, m), float32, CUDA."""
+    from .iterate_matmul import amax, baddbmm
+    a_amax, v_amax = amax(A), amax(V)
+    maxima = A.new_zeros(steps, 2, A.shape[0])
+    for k in range(steps):
+        X, x_amax = baddbmm(None, A, V, precision='fp16', amaxes=(a_amax, v_amax),
+                            out_amax=maxima[k, 0])
+        V, v_amax = baddbmm(V, V, X, beta=2, alpha=-1, precision='fp16',
+                            amaxes=(v_amax, x_amax), out_amax=maxima[k, 1])
+    return V
+
+
 def _newton_steps(A, V, steps, precision='float32'):
     """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
     'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA; elsewhere emulated,
-    the operands rounded to TF32 by ``round_tf32``) or 'tf32x3' (three TF32 products of
-    split operands: float32 accuracy, ``_split_bmm``). TF32 rounds float32 operands only:
-    a float64 A runs every step in float64.
+    the operands rounded to TF32 by ``round_tf32``), 'fp16' (TF32's rounding from fp16
+    tensor cores: on CUDA the Triton kernel, ``_newton_steps_fp16``, or without it
+    cuBLAS's TF32 products; elsewhere emulated, the operands rounded by
+    ``round_fp16_scaled``) or 'tf32x3' (three TF32 products of split operands: float32
+    accuracy, ``_split_bmm``). TF32 rounds float32 operands only: a float64 A runs every
+    step in float64.
 
     A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
     """
@@ -370,21 +412,26 @@ def _newton_steps(A, V, steps, precision='float32'):
             return V
         with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
             return _newton_steps_split(A, V, steps)
+    if precision == 'fp16' and _split_kernel(A):
+        return _newton_steps_fp16(A, V, steps)
     if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
-        with _cuda_tf32_matmuls():
+        with _cuda_tf32_matmuls():  # 'fp16' without the kernel: the same rounding
             return _newton_steps(A, V, steps)
     # Emulation: the operands of every product rounded to TF32 (``round_tf32``, as the
-    # tensor cores do), float32 accumulation.
-    A = round_tf32(A)
+    # tensor cores do; or as the fp16 products do, ``round_fp16_scaled``), float32
+    # accumulation.
+    rounded = round_fp16_scaled if precision == 'fp16' else round_tf32
+    A = rounded(A)
     for _ in range(steps):
-        Vt = round_tf32(V)
-        V = torch.baddbmm(V, Vt, round_tf32(A @ Vt), beta=2, alpha=-1)
+        Vt = rounded(V)
+        V = torch.baddbmm(V, Vt, rounded(A @ Vt), beta=2, alpha=-1)
     return V
 
 
-def _schedule(method, iters, tf32_float32_steps, float32='float32'):
+def _schedule(method, iters, tf32_float32_steps, float32='float32', tf32='tf32'):
     """The iteration's steps as [(count, precision), ...] (``_newton_steps``), its float32
-    steps with products in ``float32`` ('float32' or 'tf32x3', ``FLOAT32_PRODUCTS``).
+    steps with products in ``float32`` ('float32' or 'tf32x3', ``FLOAT32_PRODUCTS``), its
+    TF32 steps in ``tf32`` ('tf32' or 'fp16', ``TF32_PRODUCTS``).
 
     'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
     TF32 steps. Why float32 at both ends (hard kernels, emulated TF32, rounding to
@@ -408,7 +455,7 @@ def _schedule(method, iters, tf32_float32_steps, float32='float32'):
         return [(iters, 'tf32x3')]
     first = min(tf32_float32_steps[0], iters)
     last = min(tf32_float32_steps[1], iters - first)
-    return [(first, float32), (iters - first - last, 'tf32'), (last, float32)]
+    return [(first, float32), (iters - first - last, tf32), (last, float32)]
 
 
 def _spectral_filter(lam, alpha, iters):
@@ -760,7 +807,8 @@ class _NewtonInverse:
         A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
         V = alpha.reshape(-1, 1, 1) * A3
         for steps, precision in _schedule(method, iters, options['tf32_float32_steps'],
-                                          options['float32_products']):
+                                          options['float32_products'],
+                                          options['tf32_products']):
             V = _newton_steps(A3, V, steps, precision)
         return cls(method, V[:, :m, :m].reshape(A.shape))
 
@@ -845,7 +893,8 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     left = steps  # the float32 steps at the schedule's end that are applied thin
     formed = []
     for count, precision in reversed(_schedule(method, iters, options['tf32_float32_steps'],
-                                               options['float32_products'])):
+                                               options['float32_products'],
+                                               options['tf32_products'])):
         cut = min(left, count)  # check_thin_steps: float32 steps only
         left -= cut
         formed.insert(0, (count - cut, precision))
@@ -984,7 +1033,8 @@ class _NewtonPinvApply(torch.autograd.Function):
 
 
 def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtype=EIGH_DTYPE,
-                tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1, float32_products='float32'):
+                tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1, float32_products='float32',
+                tf32_products='tf32'):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -1010,12 +1060,17 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
         float32_products (str): the float32 m×m products of 'iterative' and 'tf32':
             'float32' (the library's) or 'tf32x3' (three TF32 products of split operands,
             as the method 'tf32x3' makes them; ``_matmul``).
+        tf32_products (str): the products of 'tf32''s TF32 steps: 'tf32' (the
+            library's TF32 products) or 'fp16' (the same rounding from fp16 tensor
+            cores, operands scaled by powers of two: ``iterate_matmul``,
+            ``round_fp16_scaled``).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
     _check_method(method, iters)
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
-                                 float32_products=float32_products)
+                                 float32_products=float32_products,
+                                 tf32_products=tf32_products)
     with torch.autocast(device_type=device_type(A), enabled=False):
         return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
                                  options)
@@ -1023,7 +1078,8 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
 
 def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
-                      float32_products='float32', thin_steps=0, spectral_inference='eigh'):
+                      float32_products='float32', tf32_products='tf32', thin_steps=0,
+                      spectral_inference='eigh'):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -1035,8 +1091,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
-        eigh_dtype, tf32_float32_steps, pad_to, float32_products: as in ``newton_pinv``
-            (the thin steps' X_k in ``float32_products`` too).
+        eigh_dtype, tf32_float32_steps, pad_to, float32_products, tf32_products: as in
+            ``newton_pinv`` (the thin steps' X_k in ``float32_products`` too).
         thin_steps (int): this many of the float32 steps that end the iteration run on
             the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
             most 'tf32''s last float32 steps, every step of 'iterative';
@@ -1053,7 +1109,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     """
     _check_method(method, iters)
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
-                                 float32_products=float32_products)
+                                 float32_products=float32_products,
+                                 tf32_products=tf32_products)
     thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)

@@ -17,8 +17,13 @@ changes what is computed, only how (up to float rounding):
                        products the forward kernels' products with P: 'float32' (the
                        library's, CUDA cores) or 'tf32x3' (three TF32 tensor-core
                        products of split operands, float32's accuracy: on CUDA one
-                       Triton kernel per product, ``split_matmul.py``; emulated
+                       Triton kernel per product, ``iterate_matmul.py``; emulated
                        elsewhere, slow)
+    tf32_products      'tf32''s TF32 products: 'tf32' (the library's) or 'fp16'
+                       (TF32's rounding from fp16 tensor cores, twice TF32's rate:
+                       each operand matrix scaled by a power of two, then rounded to
+                       fp16; on CUDA one Triton kernel per product,
+                       ``iterate_matmul.py``; elsewhere emulated)
     thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
                        are applied to the thin matrix (one m×m product each instead of
                        two; with gradients where that costs less than forming them, on
@@ -101,6 +106,7 @@ class AttentionPlan:
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
         float32_products (str): 'float32' or 'tf32x3'.
+        tf32_products (str): 'tf32' or 'fp16'.
         thin_steps (int): float32 steps applied to the thin matrix.
         spectral_inference (str): 'eigh' or 'tridiagonal'.
         kernel_chunk (int): elements per row chunk of P.
@@ -116,6 +122,7 @@ class AttentionPlan:
     tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
     pinv_pad: int = 1
     float32_products: str = 'float32'
+    tf32_products: str = 'tf32'
     thin_steps: int = 0
     spectral_inference: str = 'eigh'
     kernel_chunk: int = 2**24
@@ -138,7 +145,8 @@ class AttentionPlan:
                                  f'{method!r}')
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
             self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad, pad_name='pinv_pad',
-            float32_products=self.float32_products)['tf32_float32_steps'])
+            float32_products=self.float32_products,
+            tf32_products=self.tf32_products)['tf32_float32_steps'])
         # thin_steps holds for the methods that end in float32 steps, whether the table
         # or a layer's pinv_method names them (the others take none: ``thin_steps_for``),
         # at most 'tf32''s last ones, after a formed float32 step; the layer's iteration
@@ -191,7 +199,8 @@ class AttentionPlan:
         """How the iterate is computed besides its method, as ``newton_pinv_apply``'s
         keyword arguments."""
         return dict(eigh_dtype=self.eigh_dtype, tf32_float32_steps=self.tf32_float32_steps,
-                    pad_to=self.pinv_pad, float32_products=self.float32_products)
+                    pad_to=self.pinv_pad, float32_products=self.float32_products,
+                    tf32_products=self.tf32_products)
 
 
 # The measurements behind the values (tools/analysis_tools/benchmark.py; docs/en/benchmarks.md,

@@ -79,6 +79,7 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(order='fast'), ValueError),
     (dict(kernel_products='triton'), ValueError),
     (dict(float32_products='tf32'), ValueError),  # TF32 alone is not float32's accuracy
+    (dict(tf32_products='bf16'), ValueError),  # 8 bits: not TF32's rounding
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
@@ -196,12 +197,13 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
                         eigh_dtype='float32', thin_steps=2, spectral_inference='eigh',
-                        float32_products='tf32x3'):
+                        float32_products='tf32x3', tf32_products='fp16'):
         soft_attention(q, lm, v)
         soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
         soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
     options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8,
-                   float32_products='tf32x3', spectral_inference='eigh')
+                   float32_products='tf32x3', tf32_products='fp16',
+                   spectral_inference='eigh')
     assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
                     dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32

@@ -1,0 +1,116 @@
+"""Run in Triton's interpreter by test_iterate_matmul.py (TRITON_INTERPRET=1 is set before
+Triton is imported): ``iterate_matmul.baddbmm`` against float64, printed as one JSON line.
+
+The kernel rounds its operands itself (TF32 parts, or fp16 after a power-of-two scale), so
+the interpreter computes the products the tensor cores would: this checks the kernel's
+indexing, masks, strides, batch, scales and epilogue against float64 of the operands as
+``newton`` emulates their rounding, and on entries that each rounding treats apart from
+float32 (a remainder TF32 cannot hold; magnitudes outside fp16's range).
+"""
+import json
+
+import torch
+
+from mmsoft.models.attention import iterate_matmul, newton
+
+# (batch, M, K, N, with c, a given transposed (column-major), beta, alpha): sizes not
+# multiples of the blocks, both block shapes (``iterate_matmul._blocks``), a Newton step's
+# epilogue 2c - a·b and plain products
+CASES = [(2, 70, 45, 33, True, False, 2., -1.), (1, 130, 100, 70, False, False, 1., 1.),
+         (3, 65, 64, 129, True, True, 1., 1.), (2, 96, 96, 96, True, False, 2., -1.),
+         (1, 40, 200, 20, False, True, 1., -0.5)]
+# fp16: each operand matrix's magnitude (fp16 holds 6e-8 to 65504 unscaled)
+MAGNITUDES = (1e-7, 1., 3e6)
+
+
+def _deviation(out, ref):
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def split_cases():
+    results = []
+    for B, M, K, N, with_c, transposed, beta, alpha in CASES:
+        a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
+        b = torch.randn(B, K, N)
+        c = torch.randn(B, M, N) if with_c else None
+        out = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha)
+        ref = alpha * (a.double() @ b.double())
+        if with_c:
+            ref += beta * c.double()
+        emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision='tf32x3')
+        results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
+                            blocks=iterate_matmul._blocks(B, M, N, a.device)[:2],
+                            shape=list(out.shape), deviation=_deviation(out, ref),
+                            from_emulation=_deviation(out, emulated.double())))
+    return results
+
+
+def fp16_cases():
+    """Against float64 products of the operands rounded as ``round_fp16_scaled`` rounds
+    them: only float32's sums between them. Each matrix of a batch at its own magnitude;
+    a zero matrix too."""
+    results = []
+    for B, M, K, N, with_c, transposed, beta, alpha in CASES:
+        scale_a = torch.tensor(MAGNITUDES)[torch.arange(B) % 3].view(B, 1, 1)
+        scale_b = torch.tensor(MAGNITUDES)[(torch.arange(B) + 1) % 3].view(B, 1, 1)
+        a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
+        a = a * scale_a
+        b = torch.randn(B, K, N) * scale_b
+        c = torch.randn(B, M, N) * scale_a * scale_b if with_c else None
+        out, amax = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha,
+                                           precision='fp16')
+        ref = alpha * (newton.round_fp16_scaled(a).double()
+                       @ newton.round_fp16_scaled(b).double())
+        if with_c:
+            ref += beta * c.double()
+        per_matrix = [_deviation(out[i], ref[i]) for i in range(B)]
+        results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
+                            shape=list(out.shape), deviations=per_matrix,
+                            amax_equal=torch.equal(amax, out.abs().amax((-2, -1)))))
+    zero = torch.zeros(1, 40, 40)
+    out, amax = iterate_matmul.baddbmm(None, zero, torch.randn(1, 40, 40), precision='fp16')
+    return results, dict(zero_product=out.abs().max().item(), zero_amax=amax.item())
+
+
+def rounding():
+    # x = 1 + 2^-11 + 2^-23: hi = 1 + 2^-10, and the remainder -2^-11 + 2^-23 rounds to
+    # -2^-11 in TF32, so the split gives x·1 = 1 + 2^-11 where float32 gives x exactly
+    x = 1 + 2.**-11 + 2.**-23
+    a = torch.zeros(1, 64, 32)
+    a[..., 0] = x
+    b = torch.zeros(1, 32, 64)
+    b[:, 0] = 1
+    split = iterate_matmul.baddbmm(None, a, b)
+    # fp16: x rounds to 1 + 2^-10 (to nearest, 10 bits), as in TF32, also at 2^-20 of
+    # the matrix's largest entry (1, scaled to 2^14), an fp16 subnormal unscaled
+    a[..., 1] = 1.
+    a[..., 0] = x * 2.**-20
+    fp16, _ = iterate_matmul.baddbmm(None, a, b, precision='fp16')
+    return dict(split=split.unique().tolist(), float32=[x], expected=1 + 2.**-11,
+                fp16=fp16.unique().tolist(), fp16_expected=(1 + 2.**-10) * 2.**-20)
+
+
+def newton_steps():
+    """Five Newton steps with every product in the kernel ('fp16': the maxima passed from
+    product to product) against the emulation (``round_fp16_scaled``) and float64."""
+    x = torch.randn(2, 90, 8) * 0.3
+    sq = (x * x).sum(-1)
+    A = torch.exp(-(sq[:, :, None] + sq[:, None, :] - 2 * x @ x.transpose(1, 2)) / 2)
+    V = newton.newton_alpha(A).reshape(-1, 1, 1) * A
+    kernel = newton._newton_steps_fp16(A, V, 5)
+    emulated = newton._newton_steps(A, V, 5, 'fp16')
+    exact = newton._newton_steps(A.double(), V.double(), 5)
+    return dict(from_emulation=_deviation(kernel, emulated.double()),
+                from_float64=_deviation(kernel, exact),
+                emulated_from_float64=_deviation(emulated, exact))
+
+
+def main():
+    torch.manual_seed(0)
+    fp16, zero = fp16_cases()
+    print(json.dumps(dict(cases=split_cases(), fp16=fp16, zero=zero, rounding=rounding(),
+                          steps=newton_steps())))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,162 @@
+"""The iterate's products on tensor cores in one Triton kernel (``iterate_matmul.py``):
+float32 products as three TF32 products of split operands (``float32_products='tf32x3'``)
+and TF32 products from fp16 tensor cores (``tf32_products='fp16'``).
+
+Without a GPU the kernel runs in Triton's interpreter (``iterate_checks.py``, a process of
+its own). The kernel rounds its operands itself, so the interpreter computes the products
+tensor cores would: checked there against float64 and against ``newton``'s emulation of
+each rounding, which the hard kernels (test_attention.py) and the network's floor
+(test_fidelity.py) run. Compiled for an H100 below: tensor-core instructions, registers.
+On CUDA, tests/models/test_cuda.py.
+"""
+import os
+import os.path as osp
+import re
+
+import pytest
+import torch
+from conftest import needs_sm90_compiler, run_interpreted, sm90_resources
+
+from mmsoft.models.attention import newton_pinv_apply
+from mmsoft.models.attention.dtypes import triton_available
+from mmsoft.testing import hard_problem
+
+pytestmark = pytest.mark.skipif(not triton_available(),
+                                reason='the iterate kernel needs Triton 3 or later')
+
+# float32 sums of up to 200 terms against float64, and against the emulation (another
+# order of sums): measured ≤ 2.3e-7 and ≤ 3.9e-7 of the largest entry; bound ~4× that (a
+# dropped cross term moves them by ~2^-11)
+PRODUCT_TOL = 1.5e-6
+
+
+@pytest.fixture(scope='module')
+def interpreted():
+    """``iterate_checks.py``'s deviations, run in Triton's interpreter."""
+    return run_interpreted(osp.join(osp.dirname(__file__), 'iterate_checks.py'))
+
+
+def test_products_match_float64_and_the_emulation(interpreted):
+    for result in interpreted['cases']:
+        B, M, _, N = result['case'][:4]
+        assert result['shape'] == [B, M, N]
+        assert result['deviation'] <= PRODUCT_TOL, result
+        assert result['from_emulation'] <= PRODUCT_TOL, result
+
+
+def test_fp16_products_match_float64_of_the_emulated_rounding(interpreted):
+    """Each matrix of a batch at its own magnitude (1e-7, 1, 3e6: outside fp16's range
+    unscaled), transposed operands, the epilogue: float32's sums away from float64 of the
+    operands rounded as ``round_fp16_scaled`` rounds them (measured ≤ 2.0e-7), and each
+    result's max |entry| as the kernel passes it to the next product: the max of the
+    stored values (a max, no rounding: equal)."""
+    for result in interpreted['fp16']:
+        B, M, _, N = result['case'][:4]
+        assert result['shape'] == [B, M, N]
+        assert len(result['deviations']) == B
+        assert max(result['deviations']) <= PRODUCT_TOL, result
+        assert result['amax_equal'], result
+
+
+def test_fp16_product_of_a_zero_matrix_is_zero(interpreted):
+    assert interpreted['zero'] == dict(zero_product=0., zero_amax=0.)
+
+
+def test_the_split_rounds_to_tf32(interpreted):
+    # a remainder TF32 cannot hold is rounded, as on tensor cores: not float32's product
+    rounding = interpreted['rounding']
+    assert rounding['split'] == [rounding['expected']] != rounding['float32'], rounding
+
+
+def test_fp16_rounds_as_tf32(interpreted):
+    # 10 mantissa bits, to nearest, also 2^-20 below the matrix's largest entry
+    rounding = interpreted['rounding']
+    assert rounding['fp16'] == [rounding['fp16_expected']], rounding
+    assert rounding['fp16_expected'] != rounding['float32'][0] * 2.**-20
+
+
+def test_fp16_newton_steps_match_the_emulation(interpreted):
+    """Five steps with the maxima passed from product to product (``_newton_steps_fp16``)
+    against the emulated steps (measured 5.1e-7 apart, both 4.3e-6 from float64: TF32's
+    rounding); the kernel's steps as far from float64 as the emulation's, within a
+    quarter (another order of sums)."""
+    steps = interpreted['steps']
+    assert steps['from_emulation'] <= 4 * PRODUCT_TOL, steps
+    assert steps['from_float64'] <= 1.25 * steps['emulated_from_float64'], steps
+
+
+def test_both_block_shapes_run(interpreted):
+    assert {tuple(r['blocks']) for r in interpreted['cases']} == {(128, 64), (64, 64)}
+
+
+@pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
+                    reason="this process runs Triton's interpreter")
+def test_cpu_tensors_need_the_interpreter():
+    from mmsoft.models.attention import iterate_matmul
+    a = torch.randn(1, 4, 4)
+    for precision in iterate_matmul.PRECISIONS:
+        with pytest.raises(ValueError, match='interpreter'):
+            iterate_matmul.baddbmm(None, a, a, precision=precision)
+
+
+def test_unknown_precision_is_refused():
+    from mmsoft.models.attention import iterate_matmul
+    a = torch.randn(1, 4, 4)
+    with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):
+        iterate_matmul.baddbmm(None, a, a, precision='bf16')
+
+
+def test_emulated_split_is_float32_not_tf32():
+    """Off CUDA 'tf32x3' products are emulated (operands and remainders rounded to TF32):
+    CUDA's plan with them stays as close to the float64 iterate as with float32 products
+    on a clustered kernel, where all 20 steps in TF32 move it 14× further (measured:
+    7.1e-5 with float32 products, 7.0e-5 split, 9.6e-4 with TF32 alone)."""
+    A, Z = hard_problem('clustered', 100, 0)[:2]
+    ref = newton_pinv_apply(A.double(), Z.double())
+
+    def dev(**kwargs):
+        W = newton_pinv_apply(A, Z, method='tf32', pad_to=32, **kwargs)
+        return ((W.double() - ref).abs().max() / ref.abs().max()).item()
+    plain = dev(tf32_float32_steps=(1, 4), thin_steps=4)
+    split = dev(tf32_float32_steps=(1, 4), thin_steps=4, float32_products='tf32x3')
+    tf32 = dev(tf32_float32_steps=(0, 0))
+    assert split <= 1.5 * plain and tf32 > 5 * split, (plain, split, tf32)
+
+
+@pytest.mark.parametrize('kind', ['clustered', 'near_rank1', 'boundary'])
+def test_emulated_fp16_products_round_as_tf32(kind):
+    """Off CUDA 'fp16' TF32 products are emulated (``round_fp16_scaled``): CUDA's plan
+    with them lands where it lands with TF32 products on the hard kernels, to within
+    rounding of entries below 2^-28 of their matrix's largest (measured: the same
+    deviation from float64 to 4 digits at m = 100: 7.071e-5, 1.152e-4, 1.715e-4)."""
+    A, Z = hard_problem(kind, 100, 0)[:2]
+    ref = newton_pinv_apply(A.double(), Z.double())
+
+    def dev(products):
+        W = newton_pinv_apply(A, Z, method='tf32', pad_to=32, tf32_float32_steps=(1, 4),
+                              thin_steps=4, tf32_products=products)
+        return ((W.double() - ref).abs().max() / ref.abs().max()).item()
+    tf32, fp16 = dev('tf32'), dev('fp16')
+    assert abs(fp16 - tf32) <= 0.05 * tf32, (tf32, fp16)
+
+
+@needs_sm90_compiler
+@pytest.mark.parametrize('fp16', [False, True], ids=['split', 'fp16'])
+def test_kernel_compiles_to_tensor_cores_without_spills(fp16):
+    """Each block shape ``baddbmm`` launches compiles for sm_90 into tensor-core
+    products (wgmma: TF32 split, or fp16 with float32 accumulators and the atomic max
+    of the result) and keeps its blocks in registers: what a GPU call would otherwise
+    find out first."""
+    from mmsoft.models.attention import iterate_matmul
+    for BM, BN, warps in iterate_matmul.BLOCKS:
+        for has_c in (False, True):
+            use, ptx = sm90_resources(
+                iterate_matmul._baddbmm, dict(HAS_C=has_c, FP16=fp16, BM=BM, BN=BN,
+                                              BK=iterate_matmul.BLOCK_K),
+                warps, pointers=('a', 'b', 'c', 'out', 'a_amax', 'b_amax', 'out_amax'),
+                floats=('alpha', 'beta'))
+            assert use['STACK'] == 0 and use['REG'] <= 255, (BM, BN, has_c, use)
+            mma = re.findall(r'wgmma\.mma_async\S*', ptx)
+            kind = '.f32.f16.f16' if fp16 else '.tf32.tf32'
+            assert mma and all(kind in m for m in mma), (BM, BN, set(mma))
+            assert fp16 == bool(re.search(r'\b(?:atom|red)\.\S*max', ptx)), (BM, BN)
