@@ -114,6 +114,7 @@ def build(name, mode='auto'):
 # What a path's ``+modifier`` changes in its plan (``path_plan``)
 PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
                   'tf32x3': dict(float32_products='tf32x3'),
+                  'fp16x3': dict(float32_products='fp16x3'),
                   'fp16': dict(tf32_products='fp16')}
 
 
@@ -144,6 +145,9 @@ def path_plan(name, device):
       +tf32x3                 the iterate's float32 m×m products as three TF32 products
                               of split operands (``float32_products='tf32x3'``: one
                               Triton kernel each on CUDA, emulated elsewhere)
+      +fp16x3                 the same as three fp16 products of split operands scaled by
+                              powers of two (``float32_products='fp16x3'``; the fused
+                              kernels' products with P split as +tf32x3)
       +fp16                   'tf32''s TF32 products from fp16 tensor cores, operands
                               scaled by powers of two (``tf32_products='fp16'``: one
                               Triton kernel each on CUDA, emulated elsewhere)

@@ -129,6 +129,8 @@ def section_pinv(args, out):
 # the matmul section's columns for ``iterate_matmul``'s two precisions
 SPLIT_KERNEL = 'tf32x3 kernel'
 FP16_KERNEL = 'fp16 kernel'
+FP16X3_KERNEL = 'fp16x3 kernel'
+KERNEL_PRECISIONS = {SPLIT_KERNEL: 'tf32x3', FP16_KERNEL: 'fp16', FP16X3_KERNEL: 'fp16x3'}
 
 
 def _product(kind, a, b):
@@ -139,13 +141,11 @@ def _product(kind, a, b):
     if kind == 'tf32x3':
         with newton._cuda_tf32_matmuls():
             return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
-    if kind == SPLIT_KERNEL:  # float32_products='tf32x3' on CUDA: one Triton kernel
-        from mmsoft.models.attention.iterate_matmul import baddbmm
-        return baddbmm(a, a, b, beta=2, alpha=-1)
-    if kind == FP16_KERNEL:  # tf32_products='fp16' on CUDA
+    if kind in KERNEL_PRECISIONS:  # float32_products / tf32_products on CUDA
         from mmsoft.models.attention.iterate_matmul import amax, baddbmm
-        return baddbmm(a, a, b, beta=2, alpha=-1, precision='fp16',
-                       amaxes=(amax(a), amax(b)))
+        precision = KERNEL_PRECISIONS[kind]
+        amaxes = None if precision == 'tf32x3' else (amax(a), amax(b))
+        return baddbmm(a, a, b, beta=2, alpha=-1, precision=precision, amaxes=amaxes)
     with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
@@ -178,14 +178,34 @@ def _tf32_conversion(m, device):
                                ('float32', lambda t: t))}
 
 
+def _kernel_deviations(m, device):
+    """{kernel column: max |Δ| / max |product|} of ``iterate_matmul``'s products of 8 m×m
+    matrices against float64: of the operands themselves ('tf32x3', 'fp16x3': float32's
+    accuracy) or of the operands rounded as 'fp16' rounds them (``round_fp16_scaled``):
+    what is left is the tensor cores' accumulation, float32's ~1e-6 if it is float32."""
+    from mmsoft.models.attention import newton
+    from mmsoft.models.attention.iterate_matmul import baddbmm
+    g = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
+    deviations = {}
+    for kind, precision in KERNEL_PRECISIONS.items():
+        out = baddbmm(None, a, b, precision=precision)
+        out = out if precision == 'tf32x3' else out[0]
+        x, y = ((newton.round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16'
+                else (a, b))
+        ref = torch.bmm(x.double(), y.double())
+        deviations[kind] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+    return deviations
+
+
 def section_matmul(args, out):
     """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3':
     three library products), and with Triton 3 ``iterate_matmul``'s kernel (split TF32,
-    and TF32's rounding from fp16 tensor cores), at aligned and unaligned m (CUDA; on
-    another device only float32)."""
+    TF32's rounding from fp16 tensor cores, and split fp16) with its deviations, at
+    aligned and unaligned m (CUDA; on another device only float32)."""
     kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
     if args.device == 'cuda' and triton_available():
-        kinds += (SPLIT_KERNEL, FP16_KERNEL)
+        kinds += tuple(KERNEL_PRECISIONS)
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -211,7 +231,7 @@ def section_matmul(args, out):
         rows[m] = t
         cells = []
         for k in kinds:
-            f = flops if k in ('tf32x3', SPLIT_KERNEL) else flops / 3
+            f = flops if k in ('tf32x3', SPLIT_KERNEL, FP16X3_KERNEL) else flops / 3
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
     if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
@@ -223,6 +243,16 @@ def section_matmul(args, out):
                      'one near float32 summation error (~1e-6).\n')
         lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
                   for m, c in conversion.items()]
+        if triton_available():  # the kernel's products against float64
+            kernel = {m: _kernel_deviations(m, args.device) for m in sizes}
+            out['kernel_deviations'] = kernel
+            lines.append("\nThe Triton kernel's products against float64 (max |Δ| / max "
+                         "|product|, 8 m×m matrices) of the operands ('tf32x3', 'fp16x3': "
+                         "float32's accuracy) or of the operands rounded as 'fp16' rounds "
+                         "them (round_fp16_scaled): near float32's summation error (~1e-6) "
+                         'where the tensor cores accumulate in float32.\n')
+            lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
+                      for m, c in kernel.items()]
         kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32'
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
@@ -241,10 +271,12 @@ def section_matmul(args, out):
                  f'splits are included in its time; {SPLIT_KERNEL}: the same in one Triton '
                  "kernel, as float32_products='tf32x3' runs the float32 steps; "
                  f"{FP16_KERNEL}: TF32's rounding from fp16 tensor cores in one Triton "
-                 "kernel, as tf32_products='fp16' runs the TF32 steps; its time includes "
-                 "two passes for the operands' maxima, which a Newton step takes from the "
-                 'products that made them). TF32 tensor cores should reach several times '
-                 'the float32 rate; if they do not at an '
+                 "kernel, as tf32_products='fp16' runs the TF32 steps; "
+                 f"{FP16X3_KERNEL}: three fp16 products of split operands, as "
+                 "float32_products='fp16x3' runs the float32 steps, ×3 as tf32x3; the fp16 "
+                 "kernels' times include two passes for the operands' maxima, which a "
+                 'Newton step takes from the products that made them). TF32 tensor cores '
+                 'should reach several times the float32 rate; if they do not at an '
                  'aligned m, the TF32 setting does not reach the products that run.')
     return lines
 

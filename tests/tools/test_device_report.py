@@ -70,7 +70,8 @@ def test_every_step_is_a_command_its_tool_takes():
                     assert (device_report.FUSED in paths) == fused, (name, device)
                     assert (device_report.FUSED_SPLIT in paths) == fused, (name, device)
                     assert (device_report.ALL_KERNELS in paths) == fused, (name, device)
-                    for emulated in (device_report.SPLIT, device_report.FP16):  # off CUDA
+                    for emulated in (device_report.SPLIT, device_report.FP16,
+                                     device_report.FP16_SPLIT):  # emulated off CUDA
                         assert emulated in paths, (name, device)
                 if tool == 'benchmark':
                     assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name

@@ -11,25 +11,27 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, FUSED, SPLIT, both, FP16 and all three (SPEED_PATHS,
-                 --soft-plans): what CUDA's plan gains on this GPU, what its thin steps
-                 gain in inference and training, and what the fused kernel products,
-                 the split float32 products and the fp16 TF32 products gain
+                 FORMED, FUSED, SPLIT, both, FP16, FP16_SPLIT and ALL_KERNELS
+                 (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this GPU, what
+                 its thin steps gain in inference and training, and what the fused
+                 kernel products, the split float32 products and the products on fp16
+                 tensor cores gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
                  training step by GPU kernel under the plan, FORMED, FUSED, FUSED_SPLIT
                  and ALL_KERNELS (where the time goes, and what the thin steps, the
-                 fused products, the split float32 products and the fp16 TF32
-                 products change)
+                 fused products, the split float32 products and the products on fp16
+                 tensor cores change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
                  the plan's pinv and its options
   matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
-                 TF32 and, in the Triton kernel, split TF32 and fp16 (ms, TFLOP/s): do
-                 TF32 products reach the tensor cores, and how fast are the kernel's?
+                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16 (ms,
+                 TFLOP/s, and the kernel's deviations): do TF32 products reach the
+                 tensor cores, and how fast and how exact are the kernel's?
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took, by phase)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
@@ -101,16 +103,19 @@ FUSED = 'fused'
 SPLIT = 'default+tf32x3'
 FUSED_SPLIT = 'fused+tf32x3'
 # CUDA's plan with its TF32 products from fp16 tensor cores (tf32_products='fp16', one
-# Triton kernel each), alone and with FUSED_SPLIT (every Triton kernel)
+# Triton kernel each), with its float32 ones too (float32_products='fp16x3'), and both
+# with the fused kernels (their products with P split as TF32: every Triton kernel)
 FP16 = 'default+fp16'
-ALL_KERNELS = 'fused+tf32x3+fp16'
+FP16_SPLIT = 'default+fp16+fp16x3'
+ALL_KERNELS = 'fused+fp16+fp16x3'
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
                   + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT,
-                     FP16, ALL_KERNELS])
+                     FP16, FP16_SPLIT, ALL_KERNELS])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16 and ALL_KERNELS
-SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, ALL_KERNELS)
+# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT and ALL_KERNELS
+SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
+               ALL_KERNELS)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.

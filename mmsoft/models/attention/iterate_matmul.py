@@ -1,5 +1,5 @@
 """The iterate's m×m products on tensor cores in one Triton kernel: float32 products as
-three TF32 products of split operands, and TF32 products from fp16 tensor cores.
+three TF32 or fp16 products of split operands, and TF32 products from fp16 tensor cores.
 
 ``newton.py``'s iterations make 2T products of m×m matrices per kernel. Two kinds run
 faster here than in the library, with the library's rounding:
@@ -16,7 +16,12 @@ faster here than in the library, with the library's rounding:
   three library products and the splits as separate passes over memory; here one
   program per output block splits its operand blocks in registers (``fused._dot``: hi
   and lo rounded to TF32 as ``newton.round_tf32`` rounds, the two small terms summed
-  first, then the large one, per block of K).
+  first, then the large one, per block of K). ``precision='fp16x3'`` makes the same
+  three products on fp16 tensor cores, at twice the rate: hi and lo of the operand
+  scaled as below, lo scaled by 2^11 more so that it is an fp16 normal number where x
+  is one (``_fp16_split``); the small terms accumulate apart and join the large ones
+  scaled back. With fp16's 11 significant bits per part the split keeps its 2^-22
+  (``newton._split_fp16``).
 - **TF32 products** (``precision='fp16'``, the plan's ``tf32_products``): the TF32
   steps' products, from fp16 tensor cores, which multiply at twice TF32's rate (989
   against 495 dense TFLOP/s on an H100 SXM). fp16 keeps TF32's 10 mantissa bits in a
@@ -46,7 +51,7 @@ from .fused import INTERPRETER_PROGRAMS, _check_inputs, _dot
 
 __all__ = ['PRECISIONS', 'baddbmm']
 
-PRECISIONS = ('tf32x3', 'fp16')
+PRECISIONS = ('tf32x3', 'fp16', 'fp16x3')
 BLOCK_K = 32
 # (BM, BN, warps) tried in turn: the first whose output blocks give every streaming
 # multiprocessor one, else the last (``_blocks``). Compiled for sm_90 (Triton's ptxas,
@@ -68,14 +73,23 @@ def _fp16_scale(amax):
 
 
 @triton.jit
+def _fp16_split(x):
+    """(hi, lo) of a scaled float32 block: hi = x rounded to fp16, lo = (x - hi)·2^11
+    rounded to fp16 (x - hi is exact in float32)."""
+    hi = x.to(tl.float16)
+    return hi, ((x - hi.to(tl.float32)) * 2048.).to(tl.float16)
+
+
+@triton.jit
 def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
              s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_ob, s_om, s_on,
-             HAS_C: tl.constexpr, FP16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr):
+             HAS_C: tl.constexpr, FP16: tl.constexpr, SPLIT: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """Program (row block, column block, batch): out = β·c + α·(a·b) on its block.
     a (B, M, K), b (B, K, N), c and out (B, M, N), any strides. Split TF32 products, or
     where ``FP16`` fp16 products of a and b scaled by ``_fp16_scale`` of a_amax[z] and
-    b_amax[z], and out_amax[z] raised to the block's max |out| (atomic max)."""
+    b_amax[z] (where ``SPLIT`` too, three of split operands: ``_fp16_split``), and
+    out_amax[z] raised to the block's max |out| (atomic max)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     z = tl.program_id(2)
@@ -87,16 +101,25 @@ def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
         scale_a = _fp16_scale(tl.load(a_amax + z))
         scale_b = _fp16_scale(tl.load(b_amax + z))
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if FP16 and SPLIT:  # the small terms apart, 2^11 times their value
+        small = tl.zeros((BM, BN), dtype=tl.float32)
     for start in range(0, K, BK):
         in_k = start + kk < K
         x = tl.load(pa, mask=in_rows[:, None] & in_k[None, :], other=0.)
         y = tl.load(pb, mask=in_k[:, None] & in_cols[None, :], other=0.)
-        if FP16:
+        if FP16 and SPLIT:
+            x_hi, x_lo = _fp16_split(x * scale_a)
+            y_hi, y_lo = _fp16_split(y * scale_b)
+            small = tl.dot(x_hi, y_lo, tl.dot(x_lo, y_hi, small))
+            acc = tl.dot(x_hi, y_hi, acc)
+        elif FP16:
             acc = tl.dot((x * scale_a).to(tl.float16), (y * scale_b).to(tl.float16), acc)
         else:
             acc = _dot(x, y, acc, True)
         pa += BK * s_ak
         pb += BK * s_bk
+    if FP16 and SPLIT:
+        acc += small / 2048.
     if FP16:  # the scales undone one at a time (each a power of two: exact)
         acc = acc / scale_a / scale_b
     acc = alpha * acc
@@ -130,15 +153,15 @@ def amax(x):
 def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_amax=None):
     """β·c + α·(a·b) for float32 a (B, M, K) and b (B, K, N), c (B, M, N) or None (then
     α·(a·b)): ``torch.baddbmm`` with the product made on tensor cores in ``precision``
-    (module docstring): 'tf32x3' (float32's accuracy) or 'fp16' (TF32's rounding).
-    CUDA tensors, or CPU tensors in Triton's interpreter (the same products, up to the
-    order of the sums).
+    (module docstring): 'tf32x3' or 'fp16x3' (float32's accuracy), or 'fp16' (TF32's
+    rounding). CUDA tensors, or CPU tensors in Triton's interpreter (the same products,
+    up to the order of the sums).
 
-    'fp16' returns (result, its max |entry| per matrix (B,)), and takes ``amaxes``, the
-    operands' max |entry| per matrix ((B,), (B,)), where the caller has them (a Newton
-    step: A's once, V's and X's from the products that made them); else they are
-    computed (``amax``). ``out_amax``: a (B,) float32 tensor of zeros to write the
-    result's maxima into (a new one where None)."""
+    'fp16' and 'fp16x3' return (result, its max |entry| per matrix (B,)), and take
+    ``amaxes``, the operands' max |entry| per matrix ((B,), (B,)), where the caller has
+    them (a Newton step: A's once, V's and X's from the products that made them); else
+    they are computed (``amax``). ``out_amax``: a (B,) float32 tensor of zeros to write
+    the result's maxima into (a new one where None)."""
     if precision not in PRECISIONS:
         raise ValueError(f'precision must be one of {PRECISIONS}, got {precision!r}')
     _check_inputs('the iterate kernel', a, b, c)
@@ -147,7 +170,7 @@ def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_ama
     if b.shape != (B, K, N) or (c is not None and c.shape != (B, M, N)):
         raise ValueError(f'shapes do not match: a {tuple(a.shape)}, b {tuple(b.shape)}, '
                          f'c {None if c is None else tuple(c.shape)}')
-    fp16 = precision == 'fp16'
+    fp16 = precision != 'tf32x3'
     out = a.new_empty(B, M, N)
     if fp16:
         a_amax, b_amax = (amax(a), amax(b)) if amaxes is None else amaxes
@@ -163,5 +186,5 @@ def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_ama
     _baddbmm[(-(-M // BM), -(-N // BN), B)](
         a, b, cc, out, a_amax, b_amax, out_amax, M, N, K, float(alpha), float(beta),
         *a.stride(), *b.stride(), *cc.stride(), *out.stride(), HAS_C=c is not None,
-        FP16=fp16, BM=BM, BN=BN, BK=BLOCK_K, num_warps=warps)
+        FP16=fp16, SPLIT=precision == 'fp16x3', BM=BM, BN=BN, BK=BLOCK_K, num_warps=warps)
     return (out, out_amax) if fp16 else out

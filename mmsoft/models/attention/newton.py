@@ -29,7 +29,10 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  ``_split_bmm``). Emulated off CUDA, like 'tf32'.
 
 ``float32_products='tf32x3'`` makes the float32 m×m products of the other iterations the
-same way: 'iterative''s and 'tf32''s float32 steps and the thin steps' X_k.
+same way: 'iterative''s and 'tf32''s float32 steps and the thin steps' X_k;
+``float32_products='fp16x3'`` makes them of three fp16 products of split operands, each
+operand matrix scaled by a power of two (``_split_fp16``: the same 2^-22 at twice the
+tensor-core rate; on CUDA one Triton kernel per product).
 ``tf32_products='fp16'`` makes 'tf32''s TF32 products on fp16 tensor cores (twice
 TF32's rate) with TF32's rounding: each operand matrix scaled by a power of two before
 it is rounded to fp16 (``round_fp16_scaled``; on CUDA one Triton kernel per product,
@@ -79,7 +82,7 @@ __all__ = [
 EXACT_PINV_METHODS = ('iterative', 'spectral', 'tf32', 'tf32x3')
 # How the float32 m×m products of the iterations are made (``_matmul``), and the TF32
 # steps' products ('tf32''s; ``_newton_steps``)
-FLOAT32_PRODUCTS = ('float32', 'tf32x3')
+FLOAT32_PRODUCTS = ('float32', 'tf32x3', 'fp16x3')
 TF32_PRODUCTS = ('tf32', 'fp16')
 # Those whose iteration ends in float32 steps, which ``thin_steps`` can apply thin
 THIN_STEP_METHODS = ('iterative', 'tf32')
@@ -320,17 +323,30 @@ def _split_tf32(x, emulate):
     return hi, round_tf32(lo) if emulate else lo
 
 
+def _split_fp16(x):
+    """x = hi + lo as the 'fp16x3' products split it (``iterate_matmul``), in float32
+    values: with s the power of two of ``round_fp16_scaled``, hi = fp16(x·s)/s and
+    lo = fp16((x·s - fp16(x·s))·2^11)/(2^11·s), both exact in a float32 product of two
+    such values (11 significant bits each)."""
+    hi = round_fp16_scaled(x)
+    amax = x.abs().amax((-2, -1), keepdim=True)
+    k = (15 - torch.frexp(amax).exponent).clamp(-126, 127)
+    scale = torch.ldexp(torch.ones_like(amax), k) * 2048.
+    return hi, ((x - hi) * scale).half().float() / scale
+
+
 def _split_bmm(a, b):
     """a·b in float32 accuracy from three TF32 products, small terms first:
     lo_a·hi_b + hi_a·lo_b + hi_a·hi_b (the dropped lo_a·lo_b is ~2^-22 of a·b). ``a`` and
-    ``b`` are pairs (hi, lo) from ``_split_tf32``; (b, m, k) and (b, k, n)."""
+    ``b`` are pairs (hi, lo) from ``_split_tf32`` (or ``_split_fp16``, emulated); (b, m,
+    k) and (b, k, n)."""
     (a_hi, a_lo), (b_hi, b_lo) = a, b
     acc = torch.bmm(a_lo, b_hi).baddbmm_(a_hi, b_lo)
     return acc.baddbmm_(a_hi, b_hi)
 
 
 def _split_kernel(a):
-    """Whether the products of ``a`` in 'tf32x3' (``_matmul``) and 'fp16'
+    """Whether the products of ``a`` in 'tf32x3', 'fp16x3' (``_matmul``) and 'fp16'
     (``_newton_steps``) run in ``iterate_matmul``'s Triton kernel: a CUDA tensor, Triton
     3, eager code (compiled and traced code keeps the library products)."""
     return (a.is_cuda and triton_available() and not is_compiling()
@@ -339,21 +355,27 @@ def _split_kernel(a):
 
 def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
     """β·c + α·(a·b) (α·(a·b) for c None), a (B, m, k), b (B, k, n), with the product in
-    ``precision``: 'float32' (the library's product in a's dtype) or 'tf32x3' (three TF32
+    ``precision``: 'float32' (the library's product in a's dtype), 'tf32x3' (three TF32
     products of split operands: on CUDA one Triton kernel, ``iterate_matmul.baddbmm``, or
     without Triton three library products, ``_split_bmm``; elsewhere emulated, the
-    operands and their remainders rounded by ``round_tf32``). TF32 rounds float32 operands
+    operands and their remainders rounded by ``round_tf32``) or 'fp16x3' (three fp16
+    products of split, scaled operands: on CUDA the Triton kernel, without it as
+    'tf32x3'; elsewhere emulated, ``_split_fp16``). Tensor cores round float32 operands
     only: float64 runs in float64."""
-    if precision != 'tf32x3' or a.dtype != torch.float32:
+    if precision not in ('tf32x3', 'fp16x3') or a.dtype != torch.float32:
         if c is None:
             return a @ b if alpha == 1 else (a @ b).mul_(alpha)
         return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
     if _split_kernel(a):
         from .iterate_matmul import baddbmm
-        return baddbmm(c, a, b, beta=beta, alpha=alpha)
+        out = baddbmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
+        return out if precision == 'tf32x3' else out[0]
     emulate = not a.is_cuda
     with _cuda_tf32_matmuls() if a.is_cuda else nullcontext():
-        ab = _split_bmm(_split_tf32(a, emulate), _split_tf32(b, emulate))
+        if precision == 'fp16x3' and emulate:
+            ab = _split_bmm(_split_fp16(a), _split_fp16(b))
+        else:
+            ab = _split_bmm(_split_tf32(a, emulate), _split_tf32(b, emulate))
     ab = ab if alpha == 1 else ab.mul_(alpha)
     return ab if c is None else ab.add_(c, alpha=beta)
 
@@ -370,18 +392,19 @@ def _newton_steps_split(A, V, steps):
     return V
 
 
-def _newton_steps_fp16(A, V, steps):
-    """``steps`` steps V ← 2V - V·(A·V) with TF32's rounding from fp16 tensor cores
-    (``iterate_matmul``, 'fp16'): each product one kernel launch, which also gives its
-    result's max |entry| for the next product's scale; the steps' maxima in one buffer
-    (one launch to zero it). A, V: (b, m, m), float32, CUDA."""
+def _newton_steps_fp16(A, V, steps, precision='fp16'):
+    """``steps`` steps V ← 2V - V·(A·V) on fp16 tensor cores (``iterate_matmul``:
+    'fp16', TF32's rounding, or 'fp16x3', float32's accuracy): each product one kernel
+    launch, which also gives its result's max |entry| for the next product's scale; the
+    steps' maxima in one buffer (one launch to zero it). A, V: (b, m, m), float32,
+    CUDA."""
     from .iterate_matmul import amax, baddbmm
     a_amax, v_amax = amax(A), amax(V)
     maxima = A.new_zeros(steps, 2, A.shape[0])
     for k in range(steps):
-        X, x_amax = baddbmm(None, A, V, precision='fp16', amaxes=(a_amax, v_amax),
+        X, x_amax = baddbmm(None, A, V, precision=precision, amaxes=(a_amax, v_amax),
                             out_amax=maxima[k, 0])
-        V, v_amax = baddbmm(V, V, X, beta=2, alpha=-1, precision='fp16',
+        V, v_amax = baddbmm(V, V, X, beta=2, alpha=-1, precision=precision,
                             amaxes=(v_amax, x_amax), out_amax=maxima[k, 1])
     return V
 
@@ -392,9 +415,11 @@ def _newton_steps(A, V, steps, precision='float32'):
     the operands rounded to TF32 by ``round_tf32``), 'fp16' (TF32's rounding from fp16
     tensor cores: on CUDA the Triton kernel, ``_newton_steps_fp16``, or without it
     cuBLAS's TF32 products; elsewhere emulated, the operands rounded by
-    ``round_fp16_scaled``) or 'tf32x3' (three TF32 products of split operands: float32
-    accuracy, ``_split_bmm``). TF32 rounds float32 operands only: a float64 A runs every
-    step in float64.
+    ``round_fp16_scaled``), 'tf32x3' (three TF32 products of split operands: float32
+    accuracy, ``_split_bmm``) or 'fp16x3' (three fp16 products of split, scaled operands:
+    float32 accuracy; on CUDA the Triton kernel, without it as 'tf32x3'; elsewhere
+    emulated, ``_split_fp16``). Tensor cores round float32 operands only: a float64 A
+    runs every step in float64.
 
     A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
     """
@@ -404,16 +429,18 @@ def _newton_steps(A, V, steps, precision='float32'):
         for _ in range(steps):
             V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
         return V
-    if precision == 'tf32x3':
-        if _split_kernel(A):  # each product one Triton kernel, the step's sum its epilogue
-            for _ in range(steps):
-                V = _matmul(V, V, _matmul(None, A, V, precision=precision), beta=2,
-                            alpha=-1, precision=precision)
-            return V
+    if precision in ('fp16', 'fp16x3') and _split_kernel(A):
+        return _newton_steps_fp16(A, V, steps, precision)
+    if ((precision == 'tf32x3' and _split_kernel(A))
+            or (precision == 'fp16x3' and A.device.type not in ('cuda', 'meta'))):
+        # each product one Triton kernel, the step's sum its epilogue; or emulated
+        for _ in range(steps):
+            V = _matmul(V, V, _matmul(None, A, V, precision=precision), beta=2, alpha=-1,
+                        precision=precision)
+        return V
+    if precision in ('tf32x3', 'fp16x3'):  # library products ('fp16x3' as 'tf32x3')
         with _cuda_tf32_matmuls() if A.is_cuda else nullcontext():
             return _newton_steps_split(A, V, steps)
-    if precision == 'fp16' and _split_kernel(A):
-        return _newton_steps_fp16(A, V, steps)
     if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
         with _cuda_tf32_matmuls():  # 'fp16' without the kernel: the same rounding
             return _newton_steps(A, V, steps)
@@ -430,7 +457,7 @@ def _newton_steps(A, V, steps, precision='float32'):
 
 def _schedule(method, iters, tf32_float32_steps, float32='float32', tf32='tf32'):
     """The iteration's steps as [(count, precision), ...] (``_newton_steps``), its float32
-    steps with products in ``float32`` ('float32' or 'tf32x3', ``FLOAT32_PRODUCTS``), its
+    steps with products in ``float32`` (``FLOAT32_PRODUCTS``), its
     TF32 steps in ``tf32`` ('tf32' or 'fp16', ``TF32_PRODUCTS``).
 
     'tf32': (first, last) = ``tf32_float32_steps`` float32 steps around T - first - last
@@ -1058,8 +1085,10 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
         pad_to (int): the iterations run on A zero-padded to a multiple of this many
             landmarks (aligned sizes for tensor cores; same iterate).
         float32_products (str): the float32 m×m products of 'iterative' and 'tf32':
-            'float32' (the library's) or 'tf32x3' (three TF32 products of split operands,
-            as the method 'tf32x3' makes them; ``_matmul``).
+            'float32' (the library's), 'tf32x3' (three TF32 products of split operands,
+            as the method 'tf32x3' makes them) or 'fp16x3' (three fp16 products of split
+            operands scaled by powers of two: float32's accuracy at twice the rate on
+            CUDA; ``_matmul``).
         tf32_products (str): the products of 'tf32''s TF32 steps: 'tf32' (the
             library's TF32 products) or 'fp16' (the same rounding from fp16 tensor
             cores, operands scaled by powers of two: ``iterate_matmul``,

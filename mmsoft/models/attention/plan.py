@@ -15,10 +15,12 @@ changes what is computed, only how (up to float rounding):
     float32_products   the iterations' float32 m×m products ('iterative''s and 'tf32''s
                        float32 steps, the thin steps' X_k), and with 'fused' kernel
                        products the forward kernels' products with P: 'float32' (the
-                       library's, CUDA cores) or 'tf32x3' (three TF32 tensor-core
+                       library's, CUDA cores), 'tf32x3' (three TF32 tensor-core
                        products of split operands, float32's accuracy: on CUDA one
                        Triton kernel per product, ``iterate_matmul.py``; emulated
-                       elsewhere, slow)
+                       elsewhere, slow) or 'fp16x3' (the same split as three fp16
+                       products, operands scaled by powers of two: twice the rate;
+                       the fused kernels' products with P split as 'tf32x3')
     tf32_products      'tf32''s TF32 products: 'tf32' (the library's) or 'fp16'
                        (TF32's rounding from fp16 tensor cores, twice TF32's rate:
                        each operand matrix scaled by a power of two, then rounded to
@@ -105,7 +107,7 @@ class AttentionPlan:
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
-        float32_products (str): 'float32' or 'tf32x3'.
+        float32_products (str): 'float32', 'tf32x3' or 'fp16x3'.
         tf32_products (str): 'tf32' or 'fp16'.
         thin_steps (int): float32 steps applied to the thin matrix.
         spectral_inference (str): 'eigh' or 'tridiagonal'.

@@ -89,8 +89,9 @@ def _chunk_count(q, landmarks, plan=None):
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
     ``compiled_kernel_chunks``, whatever the size. Where the fused kernels compute P's
     products without forming it (``_fused``), the plan's ``float32_products`` instead (a
-    str: 'tf32x3' splits their products with P into TF32 ones). ``plan`` None: the plan
-    in force for q's device type.
+    str: 'tf32x3' and 'fp16x3' split their products with P into TF32 ones; fp16 ones
+    would need each operand's scale, which the kernels, seeing a block at a time, do not
+    have: ``_split``). ``plan`` None: the plan in force for q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -107,6 +108,12 @@ def _chunk_count(q, landmarks, plan=None):
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
     step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
     return -(-N // step)
+
+
+def _split(products):
+    """Whether the fused kernels split their products with P (``_chunk_count``'s str, the
+    plan's ``float32_products``): as three TF32 products for 'tf32x3' and 'fp16x3'."""
+    return products != 'float32'
 
 
 def _row_parts(count, *tensors):
@@ -164,7 +171,7 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
     """
     if isinstance(count, str):
         from . import fused
-        return fused.product(fq, fl, w3, transpose, split=count == 'tf32x3')
+        return fused.product(fq, fl, w3, transpose, split=_split(count))
     if not transpose:
         return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
@@ -196,7 +203,7 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
     if isinstance(count, str):
         from . import fused
         return fused.backward(fq, fl, grad, transpose, left, right, needs,
-                              split=count == 'tf32x3')
+                              split=_split(count))
     need_w, need_q, need_l = needs
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)

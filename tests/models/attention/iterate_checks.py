@@ -27,22 +27,42 @@ def _deviation(out, ref):
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def split_cases():
+def split_cases(precision):
+    """Float32's accuracy: against float64 and the emulation ('fp16x3': each matrix of a
+    batch at its own magnitude, as in ``fp16_cases``)."""
     results = []
     for B, M, K, N, with_c, transposed, beta, alpha in CASES:
+        scale_a, scale_b = _magnitudes(B, precision == 'fp16x3')
         a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
-        b = torch.randn(B, K, N)
-        c = torch.randn(B, M, N) if with_c else None
-        out = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha)
+        a = a * scale_a
+        b = torch.randn(B, K, N) * scale_b
+        c = torch.randn(B, M, N) * scale_a * scale_b if with_c else None
+        out = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
+        if precision == 'fp16x3':
+            out, amax = out
         ref = alpha * (a.double() @ b.double())
         if with_c:
             ref += beta * c.double()
-        emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision='tf32x3')
+        emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision=precision)
         results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
                             blocks=iterate_matmul._blocks(B, M, N, a.device)[:2],
-                            shape=list(out.shape), deviation=_deviation(out, ref),
-                            from_emulation=_deviation(out, emulated.double())))
+                            shape=list(out.shape),
+                            deviation=max(_deviation(out[i], ref[i]) for i in range(B)),
+                            from_emulation=max(_deviation(out[i], emulated[i].double())
+                                               for i in range(B))))
+        if precision == 'fp16x3':
+            results[-1]['amax_equal'] = torch.equal(amax, out.abs().amax((-2, -1)))
     return results
+
+
+def _magnitudes(B, vary):
+    """Each matrix's magnitude in a batch of B, for a and b: ``MAGNITUDES`` in turn
+    where ``vary``, else 1."""
+    if not vary:
+        return 1., 1.
+    scale_a = torch.tensor(MAGNITUDES)[torch.arange(B) % 3].view(B, 1, 1)
+    scale_b = torch.tensor(MAGNITUDES)[(torch.arange(B) + 1) % 3].view(B, 1, 1)
+    return scale_a, scale_b
 
 
 def fp16_cases():
@@ -51,8 +71,7 @@ def fp16_cases():
     a zero matrix too."""
     results = []
     for B, M, K, N, with_c, transposed, beta, alpha in CASES:
-        scale_a = torch.tensor(MAGNITUDES)[torch.arange(B) % 3].view(B, 1, 1)
-        scale_b = torch.tensor(MAGNITUDES)[(torch.arange(B) + 1) % 3].view(B, 1, 1)
+        scale_a, scale_b = _magnitudes(B, True)
         a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
         a = a * scale_a
         b = torch.randn(B, K, N) * scale_b
@@ -81,35 +100,40 @@ def rounding():
     b = torch.zeros(1, 32, 64)
     b[:, 0] = 1
     split = iterate_matmul.baddbmm(None, a, b)
+    split16, _ = iterate_matmul.baddbmm(None, a, b, precision='fp16x3')
     # fp16: x rounds to 1 + 2^-10 (to nearest, 10 bits), as in TF32, also at 2^-20 of
     # the matrix's largest entry (1, scaled to 2^14), an fp16 subnormal unscaled
     a[..., 1] = 1.
     a[..., 0] = x * 2.**-20
     fp16, _ = iterate_matmul.baddbmm(None, a, b, precision='fp16')
-    return dict(split=split.unique().tolist(), float32=[x], expected=1 + 2.**-11,
+    return dict(split=split.unique().tolist(), split16=split16.unique().tolist(),
+                float32=[x], expected=1 + 2.**-11,
                 fp16=fp16.unique().tolist(), fp16_expected=(1 + 2.**-10) * 2.**-20)
 
 
 def newton_steps():
-    """Five Newton steps with every product in the kernel ('fp16': the maxima passed from
-    product to product) against the emulation (``round_fp16_scaled``) and float64."""
+    """Five Newton steps with every product in the kernel ('fp16' and 'fp16x3': the
+    maxima passed from product to product) against the emulation and float64."""
     x = torch.randn(2, 90, 8) * 0.3
     sq = (x * x).sum(-1)
     A = torch.exp(-(sq[:, :, None] + sq[:, None, :] - 2 * x @ x.transpose(1, 2)) / 2)
     V = newton.newton_alpha(A).reshape(-1, 1, 1) * A
-    kernel = newton._newton_steps_fp16(A, V, 5)
-    emulated = newton._newton_steps(A, V, 5, 'fp16')
     exact = newton._newton_steps(A.double(), V.double(), 5)
-    return dict(from_emulation=_deviation(kernel, emulated.double()),
-                from_float64=_deviation(kernel, exact),
-                emulated_from_float64=_deviation(emulated, exact))
+    results = {}
+    for precision in ('fp16', 'fp16x3'):
+        kernel = newton._newton_steps_fp16(A, V, 5, precision)
+        emulated = newton._newton_steps(A, V, 5, precision)
+        results[precision] = dict(from_emulation=_deviation(kernel, emulated.double()),
+                                  from_float64=_deviation(kernel, exact),
+                                  emulated_from_float64=_deviation(emulated, exact))
+    return results
 
 
 def main():
     torch.manual_seed(0)
     fp16, zero = fp16_cases()
-    print(json.dumps(dict(cases=split_cases(), fp16=fp16, zero=zero, rounding=rounding(),
-                          steps=newton_steps())))
+    print(json.dumps(dict(cases=split_cases('tf32x3'), fp16x3=split_cases('fp16x3'),
+                          fp16=fp16, zero=zero, rounding=rounding(), steps=newton_steps())))
 
 
 if __name__ == '__main__':

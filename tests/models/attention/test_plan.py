@@ -80,6 +80,7 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(kernel_products='triton'), ValueError),
     (dict(float32_products='tf32'), ValueError),  # TF32 alone is not float32's accuracy
     (dict(tf32_products='bf16'), ValueError),  # 8 bits: not TF32's rounding
+    (dict(float32_products='fp16'), ValueError),  # fp16 alone is not float32's accuracy
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
