@@ -202,3 +202,34 @@ def test_report_leaves_log_lines_and_warnings_out():
     assert device_report.shown(printed, 'fp32') == [
         '## mmsoft benchmark: cpu', '  measured 512x512 (round 1/3)', '| backbone | 512x512 |',
         '| SOFT-S | 30.1 ms |']
+
+
+def test_candidates_rank_the_paths_both_steps_measured(tmp_path):
+    """The closing table sets each path's times against Swin-T's at the largest size and
+    its worst map and gradient against their bounds: fastest forward first, a path
+    over a bound marked as missing the floor, a path only one step measured left out."""
+    assert device_report.candidates(str(tmp_path)) == []  # no step ran
+    speed = {'SOFT-S': {'64x64': 1., '96x128': 4.}, 'Swin-T': {'64x64': 1., '96x128': 2.},
+             'SOFT-S [plan fast]': {'96x128': 3.}, 'SOFT-S [plan timed-only]': {'96x128': 1.}}
+    train = {'SOFT-S [auto]': {'96x128': 8.}, 'Swin-T': {'96x128': 2.},
+             'SOFT-S [plan fast]': {'96x128': 6.}}
+    (tmp_path / 'fp32.json').write_text(json.dumps(dict(speed=speed, train=train)))
+    outputs = {'astronaut': {'default': dict(maps=[1e-6, 5e-6]),
+                             'fast': dict(maps=[1e-6, 2e-5]),
+                             'floor-only': dict(maps=[1e-6, 1e-6])},
+               'blank': {'default': dict(maps=[2e-6, 1e-6]), 'fast': dict(maps=[1e-6, 1e-6]),
+                         'floor-only': dict(maps=[1e-6, 1e-6])}}
+
+    def grads(dev):
+        return dict(gradients={'w': dev}, worst='w')
+    gradients = {'astronaut': dict(bound=1e-4, paths=dict(
+        default=grads(2e-5), fast=grads(5e-5), **{'floor-only': grads(1e-5)}))}
+    (tmp_path / 'fidelity.json').write_text(json.dumps(dict(
+        size=[96, 128], outputs=outputs, gradients=gradients,
+        output_bounds={'astronaut': [1e-5, 1e-5], 'blank': [1e-5, 1e-5]})))
+    lines = device_report.candidates(str(tmp_path))
+    rows = [line for line in lines if line.startswith('| ') and not line.startswith('| path')]
+    assert [r.split(' | ')[0] for r in rows] == ['| fast', '| default']
+    assert rows[0] == '| fast | 3000.0 ms | 1.50× | 6000.0 ms | 3.00× | 2.00 | 0.50 | missed |'
+    assert rows[1] == '| default | 4000.0 ms | 2.00× | 8000.0 ms | 4.00× | 0.50 | 0.20 | kept |'
+    assert 'at 96x128' in lines[1]

@@ -67,14 +67,18 @@ and stops a step that outlasts it, so the set-up and the report fit in one call:
       --device cuda --part detector --budget 280 --out "$OUT"   (one line; after ~270 s
       of mmcv build)
 
-report.md ends with the steps that did not complete; ``--steps NAME ...`` runs just those
-in a further call (the report is appended to).
+report.md ends with the candidates (``candidates``: where fp32 and fidelity both ran, each
+path's forward and training step against Swin-T beside its distance to the floor, the
+table CUDA's plan is chosen from) and the steps that did not complete; ``--steps NAME
+...`` runs just those in a further call (the report is appended to).
 
 ``--small`` runs every step at toy sizes: a check of the script on a CPU, not a
 measurement.
 """
 import argparse
 import importlib.util
+import json
+import math
 import os
 import os.path as osp
 import platform
@@ -280,6 +284,67 @@ def build_parser():
     return parser
 
 
+def _ratio(rows, row, size, base='Swin-T'):
+    """(seconds, ratio to ``base``) of ``row`` at ``size`` in a benchmark section's
+    {row: {size: seconds}}, or None where either is missing."""
+    t, ref = rows.get(row, {}).get(size), rows.get(base, {}).get(size)
+    return None if t is None or not ref else (t, t / ref)
+
+
+def candidates(out):
+    """The plans the fp32 and fidelity steps both measured, side by side: SOFT-S's
+    forward and training step against Swin-T's at the largest size timed, and how close
+    each path keeps to the floor (its worst output map over the images, and its worst
+    parameter gradient, each as a fraction of its bound: at most 1 keeps it), fastest
+    forward first. The table CUDA's plan is chosen from. [] where either file is
+    missing."""
+    try:
+        with open(osp.join(out, 'fp32.json')) as f:
+            timed = json.load(f)
+        with open(osp.join(out, 'fidelity.json')) as f:
+            floor = json.load(f)
+    except (OSError, ValueError):
+        return []
+    speed, train = timed.get('speed', {}), timed.get('train', {})
+    sizes = sorted({s for r in speed.values() for s in r},
+                   key=lambda s: math.prod(int(v) for v in s.split('x')))
+    if not sizes:
+        return []
+    size = sizes[-1]
+    paths = [p for p in floor['outputs'][next(iter(floor['outputs']))]
+             if p == 'default' or f'SOFT-S [plan {p}]' in speed]
+    rows = []
+    for path in paths:
+        speed_row = 'SOFT-S' if path == 'default' else f'SOFT-S [plan {path}]'
+        train_row = 'SOFT-S [auto]' if path == 'default' else f'SOFT-S [plan {path}]'
+        maps = max(dev / bound
+                   for image, results in floor['outputs'].items()
+                   for dev, bound in zip(results[path]['maps'],
+                                         floor['output_bounds'][image]))
+        grads = [g['paths'][path]['gradients'][g['paths'][path]['worst']] / g['bound']
+                 for g in floor.get('gradients', {}).values() if path in g['paths']]
+        rows.append((path, _ratio(speed, speed_row, size), _ratio(train, train_row, size),
+                     maps, max(grads) if grads else None))
+    rows.sort(key=lambda r: r[1][1] if r[1] else math.inf)
+
+    def timing(t):
+        return '– | –' if t is None else f'{t[0] * 1e3:.1f} ms | {t[1]:.2f}×'
+
+    lines = ['', f'## candidates: the paths fp32 and fidelity both measured, at {size}', '',
+             f"SOFT-S's forward and training step against Swin-T's at {size} (fp32.json), "
+             'and the worst output map and parameter gradient over the images as a '
+             f"fraction of their bound at {'x'.join(map(str, floor['size']))} "
+             '(fidelity.json; at most 1 keeps the floor), fastest forward first.', '',
+             '| path | forward | vs Swin-T | training step | vs Swin-T | worst map / bound '
+             '| worst gradient / bound | floor |', '|---|---|---|---|---|---|---|---|']
+    for path, fwd, trn, maps, grads in rows:
+        kept = maps <= 1 and (grads is None or grads <= 1)
+        lines.append(f'| {path} | {timing(fwd)} | {timing(trn)} | {maps:.2f} | '
+                     f"{'–' if grads is None else f'{grads:.2f}'} | "
+                     f"{'kept' if kept else 'missed'} |")
+    return lines
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -327,6 +392,7 @@ def main(argv=None):
                 failed.append(name)
             write(section + [f'{status}, {seconds:.0f} s', ''] + shown(printed, name))
             print(f'[{name}] {status}, {seconds:.0f} s', flush=True)
+    write(candidates(args.out))
     write(['', f'Steps not completed: {", ".join(failed)}' if failed
            else 'Every step completed.'])
     print(f'report: {path}')
