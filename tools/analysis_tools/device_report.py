@@ -6,6 +6,10 @@ runs. The steps, by part (one call of a lent GPU machine each):
   --part base (no compiled mmcv ops needed; the figures still open come first, then the
   measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
+  matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
+                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16 (ms,
+                 TFLOP/s, and the kernel's deviations): do TF32 products reach the
+                 tensor cores, and how fast and how exact are the kernel's?
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
@@ -28,10 +32,6 @@ runs. The steps, by part (one call of a lent GPU machine each):
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
                  the plan's pinv and its options
-  matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
-                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16 (ms,
-                 TFLOP/s, and the kernel's deviations): do TF32 products reach the
-                 tensor cores, and how fast and how exact are the kernel's?
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took, by phase)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
@@ -125,6 +125,10 @@ SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
 STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
+    'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
+                                     '1025', '1050', '1056', '1088'],
+               "one m×m product: float32, TF32, split TF32, and the Triton kernel's "
+               '(split TF32, fp16, split fp16)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default', FORMED],
@@ -146,9 +150,6 @@ STEPS = {
                                    '1050', '--pinv-pad', '32', '--tf32-schedules']
              + [f'{f},{l}' for f, l in TF32_SCHEDULES],
              "pseudo-inverse by landmark count (the plan's pinv and its options)"),
-    'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
-                                     '1025', '1050', '1056', '1088'],
-               'one m×m product: float32, TF32, split TF32'),
     # their own part (a call of its own): at the detection size, SOFT-S and Swin-T
     # only; the CUDA graphs first (cheap), then torch.compile in one round, every
     # measurement compiling its model afresh
