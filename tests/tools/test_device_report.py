@@ -88,14 +88,14 @@ def test_report_keeps_to_its_budget(tmp_path, monkeypatch):
                'time.sleep(60)']
     monkeypatch.setattr(device_report, 'command', lambda name, args: sleeper)
     t0 = time.perf_counter()
-    code = device_report.main(['--device', 'cpu', '--steps', 'pinv', 'matmul', '--budget',
+    code = device_report.main(['--device', 'cpu', '--steps', 'matmul', 'pinv', '--budget',
                                '3', '--out', str(tmp_path)])
     assert time.perf_counter() - t0 < 30
     report = (tmp_path / 'report.md').read_text()
     assert code == 1
     assert 'timed out (budget)' in report and 'started' in report
     assert 'not run: the time budget was spent' in report
-    assert 'Steps not completed: pinv, matmul' in report
+    assert 'Steps not completed: matmul, pinv' in report  # STEPS' order
 
 
 def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
@@ -111,13 +111,13 @@ def test_report_keeps_what_a_cut_short_call_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(device_report, 'run_step', run_step)
     try:
-        device_report.main(['--device', 'cpu', '--steps', 'pinv', 'matmul', '--out',
+        device_report.main(['--device', 'cpu', '--steps', 'matmul', 'pinv', '--out',
                             str(tmp_path)])
     except KeyboardInterrupt:
         pass
     report = (tmp_path / 'report.md').read_text()
-    assert '## pinv: ' in report and '| table |' in report and 'exit 0, 1 s' in report
-    assert '## matmul' not in report
+    assert '## matmul: ' in report and '| table |' in report and 'exit 0, 1 s' in report
+    assert '## pinv' not in report
 
 
 def test_missing_pytest_is_reported(tmp_path, monkeypatch):

@@ -937,7 +937,9 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
     W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors are
     polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
     one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n). The m×m products (X_0 and
-    the X_k) in ``precision`` (``_matmul``), the thin ones in float32.
+    the X_k) in ``precision`` (``_matmul``; 'fp16x3' in the Triton kernel with each X_k's
+    max |entry| from the product that made it, its square's scale), the thin ones in
+    float32.
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k
@@ -946,10 +948,18 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
     def t(x):
         return x.transpose(-1, -2) if transpose else x
 
-    X = _matmul(None, A3, V, precision=precision)  # X_0, one m×m product
+    fp16 = precision == 'fp16x3' and _split_kernel(A3)
+    if fp16:
+        from .iterate_matmul import baddbmm
+        X, x_max = baddbmm(None, A3, V, precision=precision)  # X_0, one m×m product
+    else:
+        X = _matmul(None, A3, V, precision=precision)
     for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
-        if k + 1 < steps:
+        if k + 1 < steps and fp16:
+            X, x_max = baddbmm(X, X, X, beta=2, alpha=-1, precision=precision,
+                               amaxes=(x_max, x_max))
+        elif k + 1 < steps:
             X = _matmul(X, X, X, beta=2, alpha=-1, precision=precision)
     if h:
         R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
