@@ -8,11 +8,11 @@ computes a block of P from the thin features in registers, uses it, and drops it
 FlashAttention does with softmax attention: memory traffic is the thin matrices only.
 
 Two kernels, both with float32's accuracy throughout, for one flat batch dimension b. The
-logits' products are float32 products on the CUDA cores (``tl.dot`` with
-``input_precision='ieee'``: no TF32, the same floor as the library products); the
-products with P (and ∇P) too, or where ``split`` (the plan's
-``float32_products='tf32x3'``) three TF32 tensor-core products of split operands each
-(``_dot``):
+logits' products and the products with P (and ∇P) are float32 products on the CUDA cores
+(``tl.dot`` with ``input_precision='ieee'``: no TF32, the same floor as the library
+products), or where ``split`` (the plan's ``float32_products`` 'tf32x3' or 'fp16x3';
+the forward programs, those without G) three TF32 tensor-core products of split operands
+each (``_dot``), the logits' too:
 
 - ``_rows``: a block of BN rows of P at a time, looping over the m landmarks:
   P·X for an (m, n) X (the attention's output P·W, or ∇V = P·∇Z), and
@@ -104,11 +104,11 @@ def _dot(a, b, acc, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _kernel_block(a, half_sq_a, b, half_sq_b, EXACT_EXP: tl.constexpr):
+def _kernel_block(a, half_sq_a, b, half_sq_b, EXACT_EXP: tl.constexpr, SPLIT: tl.constexpr):
     """κ(a, b) = exp(min(a·bᵀ - |a|²/2 - |b|²/2, 0)) between the rows of two blocks (the
-    kernel features' product; module docstring)."""
-    logits = (tl.dot(a, tl.trans(b), input_precision='ieee') - half_sq_a[:, None] -
-              half_sq_b[None, :])
+    kernel features' product; module docstring), a·bᵀ split where ``SPLIT`` (``_dot``)."""
+    ab = _dot(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), dtype=tl.float32), SPLIT)
+    logits = ab - half_sq_a[:, None] - half_sq_b[None, :]
     return _exp(tl.minimum(logits, 0.), EXACT_EXP)
 
 
@@ -142,7 +142,7 @@ def _rows(fq, fl, x, left, right, out, grad_q, N, M, D, NX, K,
         half_sq_l = 0.5 * tl.load(fl + b * s_lb + cols * s_lm + D + 1, mask=in_cols,
                                   other=0.)
         # P of the padding columns is not 0, but their X and R are: they add nothing
-        p = _kernel_block(q, half_sq_q, lm, half_sq_l, EXACT_EXP)
+        p = _kernel_block(q, half_sq_q, lm, half_sq_l, EXACT_EXP, SPLIT)
         if HAS_X:
             xb = _load(x + b * s_xb, cols, in_cols, s_xm, xx, NX)
             acc = _dot(p, xb, acc, SPLIT)
@@ -192,7 +192,7 @@ def _cols(fq, fl, y, left, right, out, grad_l, N, M, D, NY, K, slice_rows,
         q = _load(fq + b * s_qb, rows, in_rows, s_qn, dd, D)
         half_sq_q = 0.5 * tl.load(fq + b * s_qb + rows * s_qn + D, mask=in_rows, other=0.)
         # Pᵀ (BM, BN); its padding rows add nothing (their Y and L are 0)
-        pt = _kernel_block(lm, half_sq_l, q, half_sq_q, EXACT_EXP)
+        pt = _kernel_block(lm, half_sq_l, q, half_sq_q, EXACT_EXP, SPLIT)
         if HAS_Y:
             yb = _load(y + b * s_yb, rows, in_rows, s_yn, yy, NY)
             acc = _dot(pt, yb, acc, SPLIT)
@@ -225,7 +225,7 @@ def warps(backward):
     (BN, BM) blocks (R or L, ∇P, G besides P). Compiled for sm_90 (Triton's ptxas, no GPU
     needed; tests/models/attention/test_fused.py) every program stays in registers:
     forward 109-112 per thread with 8 warps (with 4: 168-255), with split products
-    (``_dot``) 128-144; backward 96-116 with 16 (with 8: 255 and spills, with 4: 32 and
+    (``_dot``, the logits' too) 215-216; backward 96-116 with 16 (with 8: 255 and spills, with 4: 32 and
     7.5 kB spilled per thread). With split products the backward programs spilled at
     every count tried (4, 8, 16 warps; 64×64 blocks and 32×32; with ∇P's product in
     float32 too), so they keep float32 products (``_launch_options``)."""
@@ -320,7 +320,7 @@ def _run_cols(fq, fl, y=None, left=None, right=None, split=False):
 def product(fq, fl, w3, transpose=False, split=False):
     """``soft._kernel_product`` in the fused kernels: P·W, (b, N, n), or Pᵀ·W, (b, m, n),
     for P = κ from the features, float32; the products with P split into TF32 ones where
-    ``split`` (``_dot``; the logits stay float32)."""
+    ``split`` (``_dot``; the logits' products too)."""
     return (_run_cols(fq, fl, y=w3, split=split) if transpose else
             _run_rows(fq, fl, x=w3, split=split))[0]
 
