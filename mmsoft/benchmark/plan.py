@@ -126,7 +126,7 @@ def section_pinv(args, out):
 
 
 # ----------------------------------------------------------------------------- matmul
-# the matmul section's columns for ``iterate_matmul``'s two precisions
+# the matmul section's columns for ``iterate_matmul``'s precisions
 SPLIT_KERNEL = 'tf32x3 kernel'
 FP16_KERNEL = 'fp16 kernel'
 FP16X3_KERNEL = 'fp16x3 kernel'

@@ -225,8 +225,8 @@ def warps(backward):
     (BN, BM) blocks (R or L, ∇P, G besides P). Compiled for sm_90 (Triton's ptxas, no GPU
     needed; tests/models/attention/test_fused.py) every program stays in registers:
     forward 109-112 per thread with 8 warps (with 4: 168-255), with split products
-    (``_dot``, the logits' too) 215-216; backward 96-116 with 16 (with 8: 255 and spills, with 4: 32 and
-    7.5 kB spilled per thread). With split products the backward programs spilled at
+    (``_dot``, the logits' too) 215-216; backward 96-116 with 16 (with 8: 255 and
+    spills, with 4: 32 and 7.5 kB spilled per thread). With split products the backward programs spilled at
     every count tried (4, 8, 16 warps; 64×64 blocks and 32×32; with ∇P's product in
     float32 too), so they keep float32 products (``_launch_options``)."""
     return 16 if backward else 8

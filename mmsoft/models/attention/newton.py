@@ -277,6 +277,14 @@ def truncate_tf32(x):
     return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
 
 
+def _fp16_scale(x):
+    """Each matrix's (the last two dimensions) power of two that puts its largest |entry|
+    in [2^14, 2^15), (..., 1, 1): as ``iterate_matmul._fp16_scale`` computes it."""
+    amax = x.abs().amax((-2, -1), keepdim=True)
+    k = (15 - torch.frexp(amax).exponent).clamp(-126, 127)
+    return torch.ldexp(torch.ones_like(amax), k)
+
+
 def round_fp16_scaled(x):
     """float32 values as the 'fp16' TF32 products round them (``iterate_matmul``): each
     matrix (the last two dimensions) scaled by the power of two that puts its largest
@@ -285,9 +293,7 @@ def round_fp16_scaled(x):
     of the matrix's largest; smaller ones (fp16's subnormals) within 2^-39 of it."""
     if x.dtype != torch.float32:
         raise TypeError(f'round_fp16_scaled rounds float32 tensors, got {x.dtype}')
-    amax = x.abs().amax((-2, -1), keepdim=True)
-    k = (15 - torch.frexp(amax).exponent).clamp(-126, 127)  # as the kernel's _fp16_scale
-    scale = torch.ldexp(torch.ones_like(amax), k)
+    scale = _fp16_scale(x)
     return (x * scale).half().float() / scale
 
 
@@ -329,9 +335,7 @@ def _split_fp16(x):
     lo = fp16((x·s - fp16(x·s))·2^11)/(2^11·s), both exact in a float32 product of two
     such values (11 significant bits each)."""
     hi = round_fp16_scaled(x)
-    amax = x.abs().amax((-2, -1), keepdim=True)
-    k = (15 - torch.frexp(amax).exponent).clamp(-126, 127)
-    scale = torch.ldexp(torch.ones_like(amax), k) * 2048.
+    scale = _fp16_scale(x) * 2048.
     return hi, ((x - hi) * scale).half().float() / scale
 
 

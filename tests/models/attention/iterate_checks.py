@@ -27,68 +27,55 @@ def _deviation(out, ref):
     return ((out.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-def split_cases(precision):
-    """Float32's accuracy: against float64 and the emulation ('fp16x3': each matrix of a
-    batch at its own magnitude, as in ``fp16_cases``)."""
+def _operands(B, M, K, N, with_c, transposed, vary):
+    """a (B, M, K) (column-major where ``transposed``), b (B, K, N), c (B, M, N) or None;
+    each matrix of a batch at its own magnitude where ``vary`` (``MAGNITUDES`` in turn)."""
+    scale_a, scale_b = 1., 1.
+    if vary:
+        scale_a = torch.tensor(MAGNITUDES)[torch.arange(B) % 3].view(B, 1, 1)
+        scale_b = torch.tensor(MAGNITUDES)[(torch.arange(B) + 1) % 3].view(B, 1, 1)
+    a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
+    c = torch.randn(B, M, N) * scale_a * scale_b if with_c else None
+    return a * scale_a, torch.randn(B, K, N) * scale_b, c
+
+
+def cases(precision):
+    """Each case's deviation per matrix from float64: of the operands ('tf32x3',
+    'fp16x3': float32's accuracy; also from the emulation, ``newton._matmul``), or of the
+    operands rounded as ``round_fp16_scaled`` rounds them ('fp16': only float32's sums
+    between them). The fp16 kernels see each matrix of a batch at its own magnitude and
+    pass on each result's max |entry|."""
+    fp16 = precision != 'tf32x3'
     results = []
     for B, M, K, N, with_c, transposed, beta, alpha in CASES:
-        scale_a, scale_b = _magnitudes(B, precision == 'fp16x3')
-        a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
-        a = a * scale_a
-        b = torch.randn(B, K, N) * scale_b
-        c = torch.randn(B, M, N) * scale_a * scale_b if with_c else None
+        a, b, c = _operands(B, M, K, N, with_c, transposed, vary=fp16)
         out = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
-        if precision == 'fp16x3':
+        if fp16:
             out, amax = out
-        ref = alpha * (a.double() @ b.double())
+        x, y = ((newton.round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16'
+                else (a, b))
+        ref = alpha * (x.double() @ y.double())
         if with_c:
             ref += beta * c.double()
-        emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision=precision)
-        results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
-                            blocks=iterate_matmul._blocks(B, M, N, a.device)[:2],
-                            shape=list(out.shape),
-                            deviation=max(_deviation(out[i], ref[i]) for i in range(B)),
-                            from_emulation=max(_deviation(out[i], emulated[i].double())
-                                               for i in range(B))))
-        if precision == 'fp16x3':
-            results[-1]['amax_equal'] = torch.equal(amax, out.abs().amax((-2, -1)))
+        result = dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
+                      blocks=iterate_matmul._blocks(B, M, N, a.device)[:2],
+                      shape=list(out.shape),
+                      deviations=[_deviation(out[i], ref[i]) for i in range(B)])
+        if precision != 'fp16':
+            emulated = newton._matmul(c, a, b, beta=beta, alpha=alpha, precision=precision)
+            result['from_emulation'] = max(_deviation(out[i], emulated[i].double())
+                                           for i in range(B))
+        if fp16:
+            result['amax_equal'] = torch.equal(amax, out.abs().amax((-2, -1)))
+        results.append(result)
     return results
 
 
-def _magnitudes(B, vary):
-    """Each matrix's magnitude in a batch of B, for a and b: ``MAGNITUDES`` in turn
-    where ``vary``, else 1."""
-    if not vary:
-        return 1., 1.
-    scale_a = torch.tensor(MAGNITUDES)[torch.arange(B) % 3].view(B, 1, 1)
-    scale_b = torch.tensor(MAGNITUDES)[(torch.arange(B) + 1) % 3].view(B, 1, 1)
-    return scale_a, scale_b
-
-
-def fp16_cases():
-    """Against float64 products of the operands rounded as ``round_fp16_scaled`` rounds
-    them: only float32's sums between them. Each matrix of a batch at its own magnitude;
-    a zero matrix too."""
-    results = []
-    for B, M, K, N, with_c, transposed, beta, alpha in CASES:
-        scale_a, scale_b = _magnitudes(B, True)
-        a = torch.randn(B, K, M).transpose(1, 2) if transposed else torch.randn(B, M, K)
-        a = a * scale_a
-        b = torch.randn(B, K, N) * scale_b
-        c = torch.randn(B, M, N) * scale_a * scale_b if with_c else None
-        out, amax = iterate_matmul.baddbmm(c, a, b, beta=beta, alpha=alpha,
-                                           precision='fp16')
-        ref = alpha * (newton.round_fp16_scaled(a).double()
-                       @ newton.round_fp16_scaled(b).double())
-        if with_c:
-            ref += beta * c.double()
-        per_matrix = [_deviation(out[i], ref[i]) for i in range(B)]
-        results.append(dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
-                            shape=list(out.shape), deviations=per_matrix,
-                            amax_equal=torch.equal(amax, out.abs().amax((-2, -1)))))
+def zero_product():
+    """An fp16 product with a zero matrix: its result and maximum."""
     zero = torch.zeros(1, 40, 40)
     out, amax = iterate_matmul.baddbmm(None, zero, torch.randn(1, 40, 40), precision='fp16')
-    return results, dict(zero_product=out.abs().max().item(), zero_amax=amax.item())
+    return dict(zero_product=out.abs().max().item(), zero_amax=amax.item())
 
 
 def rounding():
@@ -131,9 +118,8 @@ def newton_steps():
 
 def main():
     torch.manual_seed(0)
-    fp16, zero = fp16_cases()
-    print(json.dumps(dict(cases=split_cases('tf32x3'), fp16x3=split_cases('fp16x3'),
-                          fp16=fp16, zero=zero, rounding=rounding(), steps=newton_steps())))
+    print(json.dumps(dict(cases={p: cases(p) for p in iterate_matmul.PRECISIONS},
+                          zero=zero_product(), rounding=rounding(), steps=newton_steps())))
 
 
 if __name__ == '__main__':
