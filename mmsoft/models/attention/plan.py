@@ -240,6 +240,12 @@ class AttentionPlan:
 #     float32 iterate (Swin-T 10.4 ms), training step at batch 2 340.0 ms against
 #     568.7 ms (Swin-T 54.9 ms).
 #   'tf32x3' keeps both floors too but was slower than float32 (H100 and H200): opt-in.
+#   So do tf32_products='fp16' and float32_products='fp16x3' (H200,
+#   docs/benchmark/cuda_h200_2026-11-28/report.md, `benchmark.py --device cuda --sections
+#   speed,train --models SOFT-S Swin-T --sizes 800x1344 --rounds 2 --soft-plans ...`):
+#   SOFT-S's forward 104.5 ms with 'fp16' (Triton's fp16 product, 80 TFLOP/s, is slower
+#   than cuBLAS's TF32, 126), 90.4 ms with both against 92.6 ms for this plan (within the
+#   rounds' spread), training step 288.6 against 280.5 ms: opt-in.
 #
 # eigh_dtype ('spectral'): 'mixed' on the CPU (float64 elsewhere: no other plan runs
 #   'spectral'). Plain float32 eigh keeps the output floor on real images (worst map
