@@ -129,18 +129,19 @@ needs_sm90_compiler = pytest.mark.skipif(
     reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
 
 
-def sm90_resources(kernel, constants, num_warps, pointers, floats=()):
+def sm90_resources(kernel, constants, num_warps, pointers, floats=(), half_pointers=()):
     """Compile the Triton ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU
     needed, and return cuobjdump's register and stack (spill) use per thread, and the
-    PTX. ``pointers`` name its float32 pointer arguments, ``floats`` its float32 scalars;
-    the others not in ``constants`` are int32."""
+    PTX. ``pointers`` name its float32 pointer arguments, ``half_pointers`` its fp16
+    ones, ``floats`` its float32 scalars; the others not in ``constants`` are int32."""
     import tempfile
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     signature = {name: 'constexpr' if name in constants else '*fp32' if name in pointers
-                 else 'fp32' if name in floats else 'i32' for name in kernel.arg_names}
+                 else '*fp16' if name in half_pointers else 'fp32' if name in floats
+                 else 'i32' for name in kernel.arg_names}
     source = ASTSource(kernel, signature, constexprs={
         (kernel.arg_names.index(k), ): v for k, v in constants.items()})
     compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),

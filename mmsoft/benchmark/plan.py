@@ -8,7 +8,8 @@ mmsoft/models/attention/plan.py), one section per field:
           ``pinv``, ``eigh_dtype``, ``tf32_float32_steps``, ``pinv_pad`` and
           ``thin_steps``
   matmul  the rate of one m×m product in float32, TF32 and split TF32: whether TF32
-          reaches the tensor cores
+          reaches the tensor cores; and of the iterate's products on fp16 tensor
+          cores, each way (``iterate_matmul.GEMMS``), alone and in Newton steps
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
           ``HeadSharedConv``: decides ``local_conv_layout``
   kernel  the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's stages 1-3, P
@@ -130,7 +131,21 @@ def section_pinv(args, out):
 SPLIT_KERNEL = 'tf32x3 kernel'
 FP16_KERNEL = 'fp16 kernel'
 FP16X3_KERNEL = 'fp16x3 kernel'
-KERNEL_PRECISIONS = {SPLIT_KERNEL: 'tf32x3', FP16_KERNEL: 'fp16', FP16X3_KERNEL: 'fp16x3'}
+FP16_CUBLAS = 'fp16 cuBLAS'
+FP16X3_CUBLAS = 'fp16x3 cuBLAS'
+# column: (precision, gemm) of ``iterate_matmul.baddbmm``
+KERNEL_PRECISIONS = {SPLIT_KERNEL: ('tf32x3', 'triton'), FP16_KERNEL: ('fp16', 'triton'),
+                     FP16X3_KERNEL: ('fp16x3', 'triton'), FP16_CUBLAS: ('fp16', 'cublas'),
+                     FP16X3_CUBLAS: ('fp16x3', 'cublas')}
+THREE_PRODUCTS = ('tf32x3', SPLIT_KERNEL, FP16X3_KERNEL, FP16X3_CUBLAS)
+
+
+def _kernel_kinds():
+    """The columns of ``KERNEL_PRECISIONS`` this torch runs (cuBLAS's way needs torch.bmm's
+    out_dtype, ``iterate_matmul.fp16_gemm``)."""
+    from mmsoft.models.attention.iterate_matmul import fp16_gemm
+    return tuple(k for k, (_, gemm) in KERNEL_PRECISIONS.items()
+                 if gemm == 'triton' or fp16_gemm() == 'cublas')
 
 
 def _product(kind, a, b):
@@ -143,9 +158,10 @@ def _product(kind, a, b):
             return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
     if kind in KERNEL_PRECISIONS:  # float32_products / tf32_products on CUDA
         from mmsoft.models.attention.iterate_matmul import amax, baddbmm
-        precision = KERNEL_PRECISIONS[kind]
+        precision, gemm = KERNEL_PRECISIONS[kind]
         amaxes = None if precision == 'tf32x3' else (amax(a), amax(b))
-        return baddbmm(a, a, b, beta=2, alpha=-1, precision=precision, amaxes=amaxes)
+        return baddbmm(a, a, b, beta=2, alpha=-1, precision=precision, amaxes=amaxes,
+                       gemm=gemm)
     with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
@@ -188,14 +204,35 @@ def _kernel_deviations(m, device):
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
     deviations = {}
-    for kind, precision in KERNEL_PRECISIONS.items():
-        out = baddbmm(None, a, b, precision=precision)
+    for kind in _kernel_kinds():
+        precision, gemm = KERNEL_PRECISIONS[kind]
+        out = baddbmm(None, a, b, precision=precision, gemm=gemm)
         out = out if precision == 'tf32x3' else out[0]
         x, y = ((newton.round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16'
                 else (a, b))
         ref = torch.bmm(x.double(), y.double())
         deviations[kind] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
     return deviations
+
+
+STEPS_TIMED = 4
+
+
+def _step_times(args, m):
+    """{column: seconds per Newton step} of ``STEPS_TIMED`` steps on 20 Gaussian kernels
+    of m landmarks (V₀ = αA), as each precision and way makes them."""
+    from mmsoft.models.attention import gaussian_kernel, newton
+    x = torch.randn(20, m, 32, device=args.device) * 0.3
+    A = gaussian_kernel(x, x)
+    V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A
+    calls = {'float32': partial(newton._newton_steps, A, V, STEPS_TIMED),
+             'tf32': partial(newton._newton_steps, A, V, STEPS_TIMED, 'tf32')}
+    for k in _kernel_kinds():
+        precision, gemm = KERNEL_PRECISIONS[k]
+        if precision != 'tf32x3':
+            calls[k] = partial(newton._newton_steps_fp16, A, V, STEPS_TIMED, precision,
+                               gemm=gemm)
+    return {k: time_call(args, fn) / STEPS_TIMED for k, fn in calls.items()}
 
 
 def section_matmul(args, out):
@@ -205,7 +242,7 @@ def section_matmul(args, out):
     aligned and unaligned m (CUDA; on another device only float32)."""
     kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
     if args.device == 'cuda' and triton_available():
-        kinds += tuple(KERNEL_PRECISIONS)
+        kinds += _kernel_kinds()
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -231,7 +268,7 @@ def section_matmul(args, out):
         rows[m] = t
         cells = []
         for k in kinds:
-            f = flops if k in ('tf32x3', SPLIT_KERNEL, FP16X3_KERNEL) else flops / 3
+            f = flops if k in THREE_PRODUCTS else flops / 3
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
     if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
@@ -253,10 +290,24 @@ def section_matmul(args, out):
                          'where the tensor cores accumulate in float32.\n')
             lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
                       for m, c in kernel.items()]
-        kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32'
+        if triton_available():  # whole Newton steps, each way
+            steps = {m: _step_times(args, m) for m in sizes}
+            out['newton_steps'] = steps
+            names = list(next(iter(steps.values())))
+            lines += ['', '| m | batch | ' + ' | '.join(f'{k}: ms per step' for k in names)
+                      + ' |', '|---|---|' + '---|' * len(names)]
+            lines += [f'| {m} | 20 | ' + ' | '.join(f'{t * 1e3:.2f}' for t in r.values())
+                      + ' |' for m, r in steps.items()]
+            lines.append(f'\nNewton steps V ← 2V - V·(A·V) on 20 Gaussian kernels of m '
+                         f'landmarks, {STEPS_TIMED} in a row, time per step: the library\'s '
+                         'float32 and TF32 products, and the fp16 ones each way '
+                         "(tf32_products='fp16' and float32_products='fp16x3' steps), "
+                         "cuBLAS's converting A once and V once for both of its products.")
+        kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32' (or 'f16')
+        traced = ('float32', 'tf32') + tuple(k for k in _kernel_kinds() if k == FP16_CUBLAS)
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
-            for k in ('float32', 'tf32'):
+            for k in traced:
                 try:
                     kernels[f'{k} at m = {m}'] = _gpu_kernels(partial(_product, k, a, a))
                 except RuntimeError as e:  # a profiler that cannot trace: the times stand
@@ -273,9 +324,13 @@ def section_matmul(args, out):
                  f"{FP16_KERNEL}: TF32's rounding from fp16 tensor cores in one Triton "
                  "kernel, as tf32_products='fp16' runs the TF32 steps; "
                  f"{FP16X3_KERNEL}: three fp16 products of split operands, as "
-                 "float32_products='fp16x3' runs the float32 steps, ×3 as tf32x3; the fp16 "
-                 "kernels' times include two passes for the operands' maxima, which a "
-                 'Newton step takes from the products that made them). TF32 tensor cores '
+                 "float32_products='fp16x3' runs the float32 steps, ×3 as tf32x3; "
+                 f"{FP16_CUBLAS}, {FP16X3_CUBLAS}: the same products as cuBLAS's fp16 "
+                 'products of operands converted in a pass of their own, and a pass that '
+                 "undoes the scales (torch 2.8 on); the fp16 columns' times include two "
+                 "passes for the operands' maxima, which a Newton step takes from the "
+                 'products that made them, and cuBLAS\'s the conversion of both operands, '
+                 'which a Newton step shares between products). TF32 tensor cores '
                  'should reach several times the float32 rate; if they do not at an '
                  'aligned m, the TF32 setting does not reach the products that run.')
     return lines

@@ -1,5 +1,6 @@
-"""The iterate's m×m products on tensor cores in one Triton kernel: float32 products as
-three TF32 or fp16 products of split operands, and TF32 products from fp16 tensor cores.
+"""The iterate's m×m products on tensor cores: float32 products as three TF32 or fp16
+products of split operands, and TF32 products from fp16 tensor cores; in one Triton
+kernel, or the fp16 ones as cuBLAS's products between two Triton passes (below).
 
 ``newton.py``'s iterations make 2T products of m×m matrices per kernel. Two kinds run
 faster here than in the library, with the library's rounding:
@@ -42,17 +43,43 @@ On CUDA the kernel is compiled by Triton. Elsewhere it runs only in Triton's int
 is a TF32 or fp16 value, which tensor cores multiply exactly and the interpreter's
 float32 products too: the interpreter computes the same products, up to the order of the
 sums.
+
+**Two ways to make the fp16 products** (``GEMMS``; ``fp16_gemm``):
+
+- ``'triton'``: the kernel above reads the float32 operands and scales, rounds (and
+  splits) their blocks in registers before each tensor-core product. On an H200 at
+  m = 1056 it reached 80 TFLOP/s with 'fp16', against cuBLAS's 126 with TF32
+  (docs/en/notes/per_device_plans.md): its loop converts every block it loads.
+- ``'cublas'`` (where torch has cuBLAS products of fp16 operands with float32 results,
+  ``torch.bmm(..., out_dtype=torch.float32)``, torch 2.8 on): each operand matrix is
+  scaled, rounded (and split) once, in one pass over memory (``fp16_operand``: fp16
+  values, half float32's bytes), cuBLAS multiplies them (fp16 in, float32 sums and
+  results), and one pass undoes the scales and adds the epilogue (``fp16_product``).
+  An operand used in two products is converted once (a Newton step converts V once
+  for A·V and V·X, A once for all the steps). With 'fp16x3' the two small terms are
+  one product of operands laid side by side, [lo_a | hi_a]·[hi_b; lo_b] (K = 2k), and
+  the large one another; the pass that undoes the scales adds them as the kernel does.
+  The values multiplied are those of the kernel above, so the results are the same up
+  to the order of the sums. In the interpreter (tests) the products of the fp16 values
+  are float32 library products: exact products of 11-bit significands, float32 sums.
 """
+from typing import NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .fused import INTERPRETER_PROGRAMS, _check_inputs, _dot
 
-__all__ = ['PRECISIONS', 'baddbmm']
+__all__ = ['GEMMS', 'PRECISIONS', 'Fp16Operand', 'baddbmm', 'fp16_gemm', 'fp16_operand',
+           'fp16_product']
 
 PRECISIONS = ('tf32x3', 'fp16', 'fp16x3')
+GEMMS = ('cublas', 'triton')
 BLOCK_K = 32
+# the passes that convert operands and undo scales (``fp16_operand``, ``fp16_product``):
+# blocks of 64×64 entries, 4 warps
+PASS_BLOCK = 64
 # (BM, BN, warps) tried in turn: the first whose output blocks give every streaming
 # multiprocessor one, else the last (``_blocks``). Compiled for sm_90 (Triton's ptxas,
 # no GPU needed; tests/models/attention/test_iterate_matmul.py) both stay in registers:
@@ -132,6 +159,53 @@ def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
         tl.atomic_max(out_amax + z, tl.max(tl.max(tl.where(mask, tl.abs(acc), 0.), 1), 0))
 
 
+@triton.jit
+def _to_fp16(x, x_amax, hi, lo, M, K, s_xb, s_xm, s_xk, s_hb, s_hm, s_hk, s_lb, s_lm, s_lk,
+             SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Program (row block, column block, batch): hi = x·s rounded to fp16 for the block,
+    s = ``_fp16_scale`` of x_amax[z]; where ``SPLIT`` also lo = (x·s - hi)·2^11 rounded
+    (``_fp16_split``). x (B, M, K) float32, hi and lo (B, M, K) fp16, any strides."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    z = tl.program_id(2)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    v = tl.load(x + z * s_xb + rows[:, None] * s_xm + cols[None, :] * s_xk, mask=mask,
+                other=0.) * _fp16_scale(tl.load(x_amax + z))
+    to_hi = hi + z * s_hb + rows[:, None] * s_hm + cols[None, :] * s_hk
+    if SPLIT:
+        v_hi, v_lo = _fp16_split(v)
+        tl.store(to_hi, v_hi, mask=mask)
+        tl.store(lo + z * s_lb + rows[:, None] * s_lm + cols[None, :] * s_lk, v_lo, mask=mask)
+    else:
+        tl.store(to_hi, v.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def _unscale(acc, small, c, out, a_amax, b_amax, out_amax, M, N, alpha, beta,
+             s_cb, s_cm, s_cn, s_ob, s_om, s_on, HAS_C: tl.constexpr, SPLIT: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr):
+    """Program (row block, column block, batch): out = β·c + α·(acc + small/2^11)/(s_a·s_b)
+    on its block (``_baddbmm``'s epilogue, in its order), s_a and s_b the operands'
+    ``_fp16_scale``; out_amax[z] raised to the block's max |out| (atomic max). acc and
+    small: (B, M, N), contiguous (cuBLAS's results; small only where ``SPLIT``); c and
+    out any strides (out may be acc: each entry is read before it is written)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    z = tl.program_id(2)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    at = z * M * N + rows[:, None] * N + cols[None, :]
+    v = tl.load(acc + at, mask=mask, other=0.)
+    if SPLIT:
+        v += tl.load(small + at, mask=mask, other=0.) / 2048.
+    v = v / _fp16_scale(tl.load(a_amax + z)) / _fp16_scale(tl.load(b_amax + z))
+    v = alpha * v
+    if HAS_C:
+        v += beta * tl.load(c + z * s_cb + rows[:, None] * s_cm + cols[None, :] * s_cn,
+                            mask=mask, other=0.)
+    tl.store(out + z * s_ob + rows[:, None] * s_om + cols[None, :] * s_on, v, mask=mask)
+    tl.atomic_max(out_amax + z, tl.max(tl.max(tl.where(mask, tl.abs(v), 0.), 1), 0))
+
+
 def _blocks(batch, M, N, device):
     """(BM, BN, warps) for a launch: the larger blocks (``BLOCKS``) where they still give
     each streaming multiprocessor an output block (SOFT-S's stage 1 at 800×1344 has one head:
@@ -150,7 +224,112 @@ def amax(x):
     return x.abs().amax((-2, -1))
 
 
-def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_amax=None):
+def fp16_gemm():
+    """How the fp16 products are made where no caller says (module docstring):
+    'cublas' where torch has cuBLAS products of fp16 operands with float32 results
+    (``torch.bmm``'s ``out_dtype``, torch 2.8 on), else 'triton'."""
+    return 'cublas' if hasattr(torch.ops.aten.bmm, 'dtype') else 'triton'
+
+
+def _check_gemm(gemm, device):
+    if gemm not in GEMMS:
+        raise ValueError(f'gemm must be one of {GEMMS}, got {gemm!r}')
+    if gemm == 'cublas' and device.type == 'cuda' and not hasattr(torch.ops.aten.bmm, 'dtype'):
+        raise ValueError("gemm='cublas' needs torch.bmm's out_dtype (torch 2.8 or later), "
+                         f'this is torch {torch.__version__}')
+
+
+class Fp16Operand(NamedTuple):
+    """A float32 matrix batch x (B, M, K) converted for the 'cublas' fp16 products
+    (``fp16_operand``): its max |entry| per matrix (B,), which gives the scale, and its
+    fp16 values as a left operand (a of a·b) and as a right one (b), None where not
+    made. 'fp16': x·s rounded, (B, M, K), the same tensor on both sides. 'fp16x3':
+    left [lo | hi] (B, M, 2K), right [hi; lo] (B, 2M, K), so that left_a·right_b is the
+    two small terms lo_a·hi_b + hi_a·lo_b, and the hi halves (views) the large one."""
+    amax: torch.Tensor
+    left: Optional[torch.Tensor]
+    right: Optional[torch.Tensor]
+
+
+def fp16_operand(x, x_amax, precision, left=True, right=True):
+    """x (B, M, K) float32 as the 'cublas' fp16 products take it (``Fp16Operand``), with
+    ``x_amax`` its max |entry| per matrix (B,) (``amax``, or the product that made x):
+    one pass over x per layout ('fp16': one in all)."""
+    if precision not in ('fp16', 'fp16x3'):
+        raise ValueError(f"fp16 operands are made for 'fp16' or 'fp16x3', got {precision!r}")
+    _check_inputs('the fp16 conversion', x, x_amax)
+    B, M, K = x.shape
+    if x_amax.shape != (B, ):
+        raise ValueError(f'x_amax must be a ({B},) tensor, got {tuple(x_amax.shape)}')
+    split = precision == 'fp16x3'
+
+    def convert(hi, lo):
+        lo = hi if lo is None else lo  # a pointer the program does not write
+        grid = (-(-M // PASS_BLOCK), -(-K // PASS_BLOCK), B)
+        _to_fp16[grid](x, x_amax, hi, lo, M, K, *x.stride(), *hi.stride(), *lo.stride(),
+                       SPLIT=split, BM=PASS_BLOCK, BK=PASS_BLOCK, num_warps=4)
+
+    if not split:
+        x16 = x.new_empty(B, M, K, dtype=torch.float16)
+        convert(x16, None)
+        return Fp16Operand(x_amax, x16 if left else None, x16 if right else None)
+    lx = rx = None
+    if left:
+        lx = x.new_empty(B, M, 2 * K, dtype=torch.float16)
+        convert(lx[:, :, K:], lx[:, :, :K])
+    if right:
+        rx = x.new_empty(B, 2 * M, K, dtype=torch.float16)
+        convert(rx[:, :M], rx[:, M:])
+    return Fp16Operand(x_amax, lx, rx)
+
+
+def _gemm16(x, y):
+    """x·y for fp16 x (B, M, K), y (B, K, N): float32 products and sums, float32 result.
+    On CUDA cuBLAS's (tensor cores, float32 accumulation); in the interpreter's tests the
+    same values in a float32 library product (products of 11-bit significands are exact
+    in float32)."""
+    if x.is_cuda:
+        return torch.bmm(x, y, out_dtype=torch.float32)
+    return torch.bmm(x.float(), y.float())
+
+
+def fp16_product(c, a, b, beta=1., alpha=1., precision='fp16', out_amax=None):
+    """β·c + α·(a·b) from ``Fp16Operand`` a (its left) and b (its right), made 'cublas''s
+    way (module docstring): (result (B, M, N) float32, its max |entry| per matrix (B,)),
+    as ``baddbmm`` returns them; c (B, M, N) float32 or None; ``out_amax`` a (B,)
+    float32 tensor of zeros for the maxima (a new one where None)."""
+    if precision not in ('fp16', 'fp16x3') or a.left is None or b.right is None:
+        raise ValueError("fp16_product takes 'fp16' or 'fp16x3' and operands converted as a "
+                         f'left and a right one; got {precision!r}, left '
+                         f'{a.left is not None}, right {b.right is not None}')
+    split = precision == 'fp16x3'
+    B, M, Ka = a.left.shape
+    K = Ka // 2 if split else Ka
+    N = b.right.shape[-1]
+    if b.right.shape != (B, 2 * K if split else K, N) or (
+            c is not None and c.shape != (B, M, N)):
+        raise ValueError(f'shapes do not match: a {tuple(a.left.shape)}, b '
+                         f'{tuple(b.right.shape)}, c {None if c is None else tuple(c.shape)}')
+    if split:
+        small = _gemm16(a.left, b.right)
+        acc = _gemm16(a.left[:, :, K:], b.right[:, :K])
+    else:
+        small, acc = None, _gemm16(a.left, b.right)
+    out_amax = acc.new_zeros(B) if out_amax is None else out_amax
+    _check_inputs('the fp16 products', acc, c, out_amax)
+    if out_amax.shape != (B, ):
+        raise ValueError(f'out_amax must be a ({B},) tensor, got {tuple(out_amax.shape)}')
+    cc = acc if c is None else c
+    grid = (-(-M // PASS_BLOCK), -(-N // PASS_BLOCK), B)
+    _unscale[grid](acc, acc if small is None else small, cc, acc, a.amax, b.amax, out_amax,
+                   M, N, float(alpha), float(beta), *cc.stride(), *acc.stride(),
+                   HAS_C=c is not None, SPLIT=split, BM=PASS_BLOCK, BN=PASS_BLOCK,
+                   num_warps=4)
+    return acc, out_amax
+
+
+def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_amax=None,
+            gemm=None):
     """β·c + α·(a·b) for float32 a (B, M, K) and b (B, K, N), c (B, M, N) or None (then
     α·(a·b)): ``torch.baddbmm`` with the product made on tensor cores in ``precision``
     (module docstring): 'tf32x3' or 'fp16x3' (float32's accuracy), or 'fp16' (TF32's
@@ -161,9 +340,14 @@ def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_ama
     ``amaxes``, the operands' max |entry| per matrix ((B,), (B,)), where the caller has
     them (a Newton step: A's once, V's and X's from the products that made them); else
     they are computed (``amax``). ``out_amax``: a (B,) float32 tensor of zeros to write
-    the result's maxima into (a new one where None)."""
+    the result's maxima into (a new one where None). ``gemm``: how the fp16 products
+    are made, 'cublas' or 'triton' (module docstring; None: ``fp16_gemm()``); 'tf32x3'
+    runs in the Triton kernel. 'cublas' converts an operand given as both a and b once.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f'precision must be one of {PRECISIONS}, got {precision!r}')
+    gemm = fp16_gemm() if gemm is None else gemm
+    _check_gemm(gemm, a.device)
     _check_inputs('the iterate kernel', a, b, c)
     B, M, K = a.shape
     N = b.shape[-1]
@@ -171,6 +355,15 @@ def baddbmm(c, a, b, beta=1., alpha=1., precision='tf32x3', amaxes=None, out_ama
         raise ValueError(f'shapes do not match: a {tuple(a.shape)}, b {tuple(b.shape)}, '
                          f'c {None if c is None else tuple(c.shape)}')
     fp16 = precision != 'tf32x3'
+    if fp16 and gemm == 'cublas':
+        a_amax, b_amax = (amax(a), amax(b)) if amaxes is None else amaxes
+        if a is b:
+            a_op = b_op = fp16_operand(a, a_amax, precision)
+        else:
+            a_op = fp16_operand(a, a_amax, precision, right=False)
+            b_op = fp16_operand(b, b_amax, precision, left=False)
+        return fp16_product(c, a_op, b_op, beta=beta, alpha=alpha, precision=precision,
+                            out_amax=out_amax)
     out = a.new_empty(B, M, N)
     if fp16:
         a_amax, b_amax = (amax(a), amax(b)) if amaxes is None else amaxes

@@ -32,11 +32,12 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
 same way: 'iterative''s and 'tf32''s float32 steps and the thin steps' X_k;
 ``float32_products='fp16x3'`` makes them of three fp16 products of split operands, each
 operand matrix scaled by a power of two (``_split_fp16``: the same 2^-22 at twice the
-tensor-core rate; on CUDA one Triton kernel per product).
+tensor-core rate; on CUDA cuBLAS's fp16 products of operands converted once, or one
+Triton kernel per product: ``iterate_matmul.py``).
 ``tf32_products='fp16'`` makes 'tf32''s TF32 products on fp16 tensor cores (twice
 TF32's rate) with TF32's rounding: each operand matrix scaled by a power of two before
-it is rounded to fp16 (``round_fp16_scaled``; on CUDA one Triton kernel per product,
-``iterate_matmul.py``).
+it is rounded to fp16 (``round_fp16_scaled``; on CUDA made as 'fp16x3' makes its
+products, ``iterate_matmul.py``).
 
 Which method runs where, and with which options, is the device's plan (``plan.py``): the
 functions here take every choice as an argument and read no plan.
@@ -351,8 +352,9 @@ def _split_bmm(a, b):
 
 def _split_kernel(a):
     """Whether the products of ``a`` in 'tf32x3', 'fp16x3' (``_matmul``) and 'fp16'
-    (``_newton_steps``) run in ``iterate_matmul``'s Triton kernel: a CUDA tensor, Triton
-    3, eager code (compiled and traced code keeps the library products)."""
+    (``_newton_steps``) run through ``iterate_matmul`` (its Triton kernel, or for the
+    fp16 ones cuBLAS's fp16 products between Triton passes): a CUDA tensor, Triton 3,
+    eager code (compiled and traced code keeps the library products)."""
     return (a.is_cuda and triton_available() and not is_compiling()
             and not torch.jit.is_tracing())
 
@@ -363,7 +365,7 @@ def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
     products of split operands: on CUDA one Triton kernel, ``iterate_matmul.baddbmm``, or
     without Triton three library products, ``_split_bmm``; elsewhere emulated, the
     operands and their remainders rounded by ``round_tf32``) or 'fp16x3' (three fp16
-    products of split, scaled operands: on CUDA the Triton kernel, without it as
+    products of split, scaled operands: on CUDA ``iterate_matmul``, without it as
     'tf32x3'; elsewhere emulated, ``_split_fp16``). Tensor cores round float32 operands
     only: float64 runs in float64."""
     if precision not in ('tf32x3', 'fp16x3') or a.dtype != torch.float32:
@@ -396,20 +398,32 @@ def _newton_steps_split(A, V, steps):
     return V
 
 
-def _newton_steps_fp16(A, V, steps, precision='fp16'):
+def _newton_steps_fp16(A, V, steps, precision='fp16', gemm=None):
     """``steps`` steps V ← 2V - V·(A·V) on fp16 tensor cores (``iterate_matmul``:
-    'fp16', TF32's rounding, or 'fp16x3', float32's accuracy): each product one kernel
-    launch, which also gives its result's max |entry| for the next product's scale; the
-    steps' maxima in one buffer (one launch to zero it). A, V: (b, m, m), float32,
-    CUDA."""
-    from .iterate_matmul import amax, baddbmm
+    'fp16', TF32's rounding, or 'fp16x3', float32's accuracy): each product gives its
+    result's max |entry| for the next product's scale; the steps' maxima in one buffer
+    (one launch to zero it). ``gemm`` (None: ``iterate_matmul.fp16_gemm()``): 'triton',
+    each product one kernel launch, or 'cublas', cuBLAS's fp16 products of operands
+    converted once each (A for every step, V for both of its products). A, V: (b, m, m),
+    float32, CUDA."""
+    from .iterate_matmul import amax, baddbmm, fp16_gemm, fp16_operand, fp16_product
     a_amax, v_amax = amax(A), amax(V)
     maxima = A.new_zeros(steps, 2, A.shape[0])
+    if (fp16_gemm() if gemm is None else gemm) == 'cublas':
+        A16 = fp16_operand(A, a_amax, precision, right=False)
+        for k in range(steps):
+            V16 = fp16_operand(V, v_amax, precision)
+            X, x_amax = fp16_product(None, A16, V16, precision=precision,
+                                     out_amax=maxima[k, 0])
+            X16 = fp16_operand(X, x_amax, precision, left=False)
+            V, v_amax = fp16_product(V, V16, X16, beta=2, alpha=-1, precision=precision,
+                                     out_amax=maxima[k, 1])
+        return V
     for k in range(steps):
         X, x_amax = baddbmm(None, A, V, precision=precision, amaxes=(a_amax, v_amax),
-                            out_amax=maxima[k, 0])
+                            out_amax=maxima[k, 0], gemm='triton')
         V, v_amax = baddbmm(V, V, X, beta=2, alpha=-1, precision=precision,
-                            amaxes=(v_amax, x_amax), out_amax=maxima[k, 1])
+                            amaxes=(v_amax, x_amax), out_amax=maxima[k, 1], gemm='triton')
     return V
 
 
@@ -417,12 +431,12 @@ def _newton_steps(A, V, steps, precision='float32'):
     """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
     'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA; elsewhere emulated,
     the operands rounded to TF32 by ``round_tf32``), 'fp16' (TF32's rounding from fp16
-    tensor cores: on CUDA the Triton kernel, ``_newton_steps_fp16``, or without it
-    cuBLAS's TF32 products; elsewhere emulated, the operands rounded by
-    ``round_fp16_scaled``), 'tf32x3' (three TF32 products of split operands: float32
-    accuracy, ``_split_bmm``) or 'fp16x3' (three fp16 products of split, scaled operands:
-    float32 accuracy; on CUDA the Triton kernel, without it as 'tf32x3'; elsewhere
-    emulated, ``_split_fp16``). Tensor cores round float32 operands only: a float64 A
+    tensor cores: on CUDA ``_newton_steps_fp16``, or without Triton cuBLAS's TF32
+    products; elsewhere emulated, the operands rounded by ``round_fp16_scaled``),
+    'tf32x3' (three TF32 products of split operands: float32 accuracy, ``_split_bmm``)
+    or 'fp16x3' (three fp16 products of split, scaled operands: float32 accuracy; on
+    CUDA ``_newton_steps_fp16``, without Triton as 'tf32x3'; elsewhere emulated,
+    ``_split_fp16``). Tensor cores round float32 operands only: a float64 A
     runs every step in float64.
 
     A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
@@ -941,9 +955,9 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
     W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors are
     polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
     one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n). The m×m products (X_0 and
-    the X_k) in ``precision`` (``_matmul``; 'fp16x3' in the Triton kernel with each X_k's
-    max |entry| from the product that made it, its square's scale), the thin ones in
-    float32.
+    the X_k) in ``precision`` (``_matmul``; 'fp16x3' through ``iterate_matmul`` with
+    each X_k's max |entry| from the product that made it, its square's scale, and X_k
+    converted once for both sides of its square), the thin ones in float32.
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k

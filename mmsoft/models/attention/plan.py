@@ -19,13 +19,15 @@ changes what is computed, only how (up to float rounding):
                        products of split operands, float32's accuracy: on CUDA one
                        Triton kernel per product, ``iterate_matmul.py``; emulated
                        elsewhere, slow) or 'fp16x3' (the same split as three fp16
-                       products, operands scaled by powers of two: twice the rate;
-                       the fused kernels' products with P split as 'tf32x3')
+                       products, operands scaled by powers of two: twice the rate; on
+                       CUDA cuBLAS's fp16 products of operands converted once, or
+                       with torch < 2.8 the Triton kernel; the fused kernels'
+                       products with P split as 'tf32x3')
     tf32_products      'tf32''s TF32 products: 'tf32' (the library's) or 'fp16'
                        (TF32's rounding from fp16 tensor cores, twice TF32's rate:
                        each operand matrix scaled by a power of two, then rounded to
-                       fp16; on CUDA one Triton kernel per product,
-                       ``iterate_matmul.py``; elsewhere emulated)
+                       fp16; on CUDA made as 'fp16x3''s, ``iterate_matmul.py``;
+                       elsewhere emulated)
     thin_steps         this many of the float32 steps that end 'iterative' and 'tf32'
                        are applied to the thin matrix (one m×m product each instead of
                        two; with gradients where that costs less than forming them, on
@@ -245,7 +247,10 @@ class AttentionPlan:
 #   speed,train --models SOFT-S Swin-T --sizes 800x1344 --rounds 2 --soft-plans ...`):
 #   SOFT-S's forward 104.5 ms with 'fp16' (Triton's fp16 product, 80 TFLOP/s, is slower
 #   than cuBLAS's TF32, 126), 90.4 ms with both against 92.6 ms for this plan (within the
-#   rounds' spread), training step 288.6 against 280.5 ms: opt-in.
+#   rounds' spread), training step 288.6 against 280.5 ms: opt-in. Those were Triton's
+#   fp16 products; with torch 2.8 on they are cuBLAS's fp16 products of operands
+#   converted once (``iterate_matmul.fp16_gemm``), not yet timed on a GPU: the device
+#   report's `matmul` step times both ways side by side, `fp32` the network.
 #
 # eigh_dtype ('spectral'): 'mixed' on the CPU (float64 elsewhere: no other plan runs
 #   'spectral'). Plain float32 eigh keeps the output floor on real images (worst map

@@ -1,13 +1,16 @@
-"""The iterate's products on tensor cores in one Triton kernel (``iterate_matmul.py``):
-float32 products as three TF32 products of split operands (``float32_products='tf32x3'``)
-and TF32 products from fp16 tensor cores (``tf32_products='fp16'``).
+"""The iterate's products on tensor cores (``iterate_matmul.py``): float32 products as
+three TF32 or fp16 products of split operands (``float32_products='tf32x3'`` or
+``'fp16x3'``) and TF32 products from fp16 tensor cores (``tf32_products='fp16'``); the
+fp16 ones made both ways, in one Triton kernel or as cuBLAS's fp16 products between
+Triton passes that convert the operands and undo the scales.
 
-Without a GPU the kernel runs in Triton's interpreter (``iterate_checks.py``, a process of
-its own). The kernel rounds its operands itself, so the interpreter computes the products
-tensor cores would: checked there against float64 and against ``newton``'s emulation of
-each rounding, which the hard kernels (test_attention.py) and the network's floor
-(test_fidelity.py) run. Compiled for an H100 below: tensor-core instructions, registers.
-On CUDA, tests/models/test_cuda.py.
+Without a GPU the Triton programs run in Triton's interpreter (``iterate_checks.py``, a
+process of its own), and cuBLAS's fp16 products are float32 library products of the fp16
+values (exact products, float32 sums). The operands are rounded by the programs
+themselves, so the interpreter computes the products tensor cores would: checked there
+against float64 and against ``newton``'s emulation of each rounding, which the hard
+kernels (test_attention.py) and the network's floor (test_fidelity.py) run. Compiled for
+an H100 below: tensor-core instructions, registers. On CUDA, tests/models/test_cuda.py.
 """
 import os
 import os.path as osp
@@ -36,16 +39,21 @@ def interpreted():
     return run_interpreted(osp.join(osp.dirname(__file__), 'iterate_checks.py'))
 
 
-@pytest.mark.parametrize('precision', ['tf32x3', 'fp16', 'fp16x3'])
-def test_products_match_float64(interpreted, precision):
+KINDS = ['tf32x3 triton', 'fp16 triton', 'fp16 cublas', 'fp16x3 triton', 'fp16x3 cublas']
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_products_match_float64(interpreted, kind):
     """Sizes not multiples of the blocks, transposed operands, the epilogue: float32's
     accuracy from three tensor-core products ('tf32x3', 'fp16x3'), against float64 and
     the emulation; 'fp16': float32's sums away from float64 of the operands rounded as
     ``round_fp16_scaled`` rounds them (measured ≤ 2.1e-7). The fp16 kernels see each
     matrix of a batch at its own magnitude (1e-7, 1, 3e6: outside fp16's range
     unscaled) and pass each result's max |entry| on to the next product: the max of the
-    stored values (a max, no rounding: equal)."""
-    for result in interpreted['cases'][precision]:
+    stored values (a max, no rounding: equal). cuBLAS's way converts the operands once
+    and undoes the scales in a pass of its own: the same values multiplied."""
+    precision = kind.split()[0]
+    for result in interpreted['cases'][kind]:
         B, M, _, N = result['case'][:4]
         assert result['shape'] == [B, M, N]
         assert len(result['deviations']) == B
@@ -56,40 +64,61 @@ def test_products_match_float64(interpreted, precision):
             assert result['amax_equal'], result
 
 
-def test_fp16_product_of_a_zero_matrix_is_zero(interpreted):
-    assert interpreted['zero'] == dict(zero_product=0., zero_amax=0.)
+@pytest.mark.parametrize('gemm', ['triton', 'cublas'])
+def test_fp16_product_of_a_zero_matrix_is_zero(interpreted, gemm):
+    assert interpreted['zero'][gemm] == dict(zero_product=0., zero_amax=0.)
 
 
-def test_the_split_rounds_to_tf32(interpreted):
+@pytest.mark.parametrize('gemm', ['triton', 'cublas'])
+def test_the_split_rounds_to_tf32(interpreted, gemm):
     # a remainder TF32 cannot hold is rounded, as on tensor cores: not float32's product
-    rounding = interpreted['rounding']
+    rounding = interpreted['rounding'][gemm]
     assert rounding['split'] == [rounding['expected']] != rounding['float32'], rounding
     assert rounding['split16'] == rounding['split'], rounding  # the same split in fp16
 
 
-def test_fp16_rounds_as_tf32(interpreted):
+@pytest.mark.parametrize('gemm', ['triton', 'cublas'])
+def test_fp16_rounds_as_tf32(interpreted, gemm):
     # 10 mantissa bits, to nearest, also 2^-20 below the matrix's largest entry
-    rounding = interpreted['rounding']
+    rounding = interpreted['rounding'][gemm]
     assert rounding['fp16'] == [rounding['fp16_expected']], rounding
     assert rounding['fp16_expected'] != rounding['float32'][0] * 2.**-20
 
 
+@pytest.mark.parametrize('gemm', ['triton', 'cublas'])
 @pytest.mark.parametrize('precision', ['fp16', 'fp16x3'])
-def test_fp16_newton_steps_match_the_emulation(interpreted, precision):
+def test_fp16_newton_steps_match_the_emulation(interpreted, precision, gemm):
     """Five steps with the maxima passed from product to product (``_newton_steps_fp16``)
     against the emulated steps (measured: 'fp16' 6.2e-7 apart, both 4.7e-6 from float64,
     TF32's rounding; 'fp16x3' 1.0e-7 apart, both 1.8e-7 from float64); the kernel's
     steps as far from float64 as the emulation's, within a quarter or float32's
-    rounding (another order of sums)."""
-    steps = interpreted['steps'][precision]
+    rounding (another order of sums). cuBLAS's way converts A once for every step and V
+    once for both of its products."""
+    steps = interpreted['steps'][gemm][precision]
     assert steps['from_emulation'] <= 4 * PRODUCT_TOL, steps
     assert steps['from_float64'] <= max(1.25 * steps['emulated_from_float64'],
                                         PRODUCT_TOL), steps
 
 
+def test_the_benchmark_measures_every_way(interpreted):
+    """The matmul section's GPU-only columns, run in the interpreter: each way's Newton
+    steps, and each product within float32's accuracy of float64 (of the operands, or
+    as 'fp16' rounds them)."""
+    from mmsoft.models.attention.iterate_matmul import fp16_gemm
+    bench = interpreted['benchmark']
+    ways = ['fp16 kernel', 'fp16x3 kernel']
+    if fp16_gemm() == 'cublas':
+        ways += ['fp16 cuBLAS', 'fp16x3 cuBLAS']
+    assert bench['steps'] == ['float32', 'tf32'] + ways, bench
+    assert set(bench['deviations']) == {'tf32x3 kernel', *ways}, bench
+    assert max(bench['deviations'].values()) <= PRODUCT_TOL, bench
+
+
 def test_both_block_shapes_run(interpreted):
-    for cases in interpreted['cases'].values():
-        assert {tuple(r['blocks']) for r in cases} == {(128, 64), (64, 64)}
+    for kind in KINDS:
+        if kind.endswith('triton'):
+            cases = interpreted['cases'][kind]
+            assert {tuple(r['blocks']) for r in cases} == {(128, 64), (64, 64)}
 
 
 @pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
@@ -98,8 +127,23 @@ def test_cpu_tensors_need_the_interpreter():
     from mmsoft.models.attention import iterate_matmul
     a = torch.randn(1, 4, 4)
     for precision in iterate_matmul.PRECISIONS:
-        with pytest.raises(ValueError, match='interpreter'):
-            iterate_matmul.baddbmm(None, a, a, precision=precision)
+        for gemm in iterate_matmul.GEMMS:
+            with pytest.raises(ValueError, match='interpreter'):
+                iterate_matmul.baddbmm(None, a, a, precision=precision, gemm=gemm)
+    with pytest.raises(ValueError, match='interpreter'):
+        iterate_matmul.fp16_operand(a, a.abs().amax((-2, -1)), 'fp16')
+
+
+def test_wrong_fp16_operands_are_refused():
+    from mmsoft.models.attention import iterate_matmul
+    a = torch.randn(1, 4, 4)
+    with pytest.raises(ValueError, match="gemm must be one of .*'cublas'"):
+        iterate_matmul.baddbmm(None, a, a, precision='fp16', gemm='cutlass')
+    with pytest.raises(ValueError, match="made for 'fp16' or 'fp16x3'"):
+        iterate_matmul.fp16_operand(a, a.abs().amax((-2, -1)), 'tf32x3')
+    left = iterate_matmul.Fp16Operand(torch.ones(1), a.half(), None)
+    with pytest.raises(ValueError, match='a left and a right one'):
+        iterate_matmul.fp16_product(None, left, left)
 
 
 def test_unknown_precision_is_refused():
@@ -167,3 +211,24 @@ def test_kernel_compiles_to_tensor_cores_without_spills(precision):
             kind = '.f32.f16.f16' if fp16 else '.tf32.tf32'
             assert mma and all(kind in m for m in mma), (BM, BN, set(mma))
             assert fp16 == bool(re.search(r'\b(?:atom|red)\.\S*max', ptx)), (BM, BN)
+
+
+@needs_sm90_compiler
+def test_fp16_passes_compile_without_spills():
+    """cuBLAS's way's two passes compile for sm_90 in registers: the conversion rounds
+    to fp16 (cvt.rn), the pass after the products raises the maxima (atomic max)."""
+    from mmsoft.models.attention import iterate_matmul
+    block = iterate_matmul.PASS_BLOCK
+    for split in (False, True):
+        use, ptx = sm90_resources(
+            iterate_matmul._to_fp16, dict(SPLIT=split, BM=block, BK=block), 4,
+            pointers=('x', 'x_amax'), half_pointers=('hi', 'lo'))
+        assert use['STACK'] == 0 and use['REG'] <= 255, (split, use)
+        assert re.search(r'cvt\.rn\.f16\.f32', ptx), split
+        for has_c in (False, True):
+            use, ptx = sm90_resources(
+                iterate_matmul._unscale, dict(HAS_C=has_c, SPLIT=split, BM=block, BN=block),
+                4, pointers=('acc', 'small', 'c', 'out', 'a_amax', 'b_amax', 'out_amax'),
+                floats=('alpha', 'beta'))
+            assert use['STACK'] == 0 and use['REG'] <= 255, (split, has_c, use)
+            assert re.search(r'\b(?:atom|red)\.\S*max', ptx), (split, has_c)
