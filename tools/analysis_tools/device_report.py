@@ -24,10 +24,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FORMED, FUSED, FUSED_SPLIT
-                 and ALL_KERNELS (where the time goes, and what the thin steps, the
-                 fused products, the split float32 products and the products on fp16
-                 tensor cores change)
+                 training step by GPU kernel under the plan, FP16_SPLIT, FUSED and
+                 ALL_KERNELS (where the time goes, and what the products on fp16
+                 tensor cores and the fused products change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
@@ -106,9 +105,10 @@ FUSED = 'fused'
 # (float32_products='tf32x3', one Triton kernel each), alone and with FUSED
 SPLIT = 'default+tf32x3'
 FUSED_SPLIT = 'fused+tf32x3'
-# CUDA's plan with its TF32 products from fp16 tensor cores (tf32_products='fp16', one
-# Triton kernel each), with its float32 ones too (float32_products='fp16x3'), and both
-# with the fused kernels (their products with P split as TF32: every Triton kernel)
+# CUDA's plan with its TF32 products from fp16 tensor cores (tf32_products='fp16':
+# cuBLAS's fp16 products with torch 2.8 on, else one Triton kernel each), with its
+# float32 ones too (float32_products='fp16x3'), and both with the fused kernels (their
+# products with P split as TF32)
 FP16 = 'default+fp16'
 FP16_SPLIT = 'default+fp16+fp16x3'
 ALL_KERNELS = 'fused+fp16+fp16x3'
@@ -127,8 +127,9 @@ STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
     'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
                                      '1025', '1050', '1056', '1088'],
-               "one m×m product: float32, TF32, split TF32, and the Triton kernel's "
-               '(split TF32, fp16, split fp16)'),
+               "one m×m product: float32, TF32, split TF32, the Triton kernel's "
+               "(split TF32, fp16, split fp16) and cuBLAS's fp16 ones; Newton steps each "
+               'way'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default', FORMED],
@@ -140,10 +141,9 @@ STEPS = {
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FORMED, FUSED, FUSED_SPLIT,
-                                      ALL_KERNELS],
-                "where SOFT-S's time goes, by kernel: the plan, FORMED, FUSED, "
-                'FUSED_SPLIT and ALL_KERNELS'),
+                                      '--soft-plans', FP16_SPLIT, FUSED, ALL_KERNELS],
+                "where SOFT-S's time goes, by kernel: the plan, FP16_SPLIT (its products "
+                "on fp16 tensor cores), FUSED and ALL_KERNELS"),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',

@@ -78,8 +78,10 @@ PRECISIONS = ('tf32x3', 'fp16', 'fp16x3')
 GEMMS = ('cublas', 'triton')
 BLOCK_K = 32
 # the passes that convert operands and undo scales (``fp16_operand``, ``fp16_product``):
-# blocks of 64×64 entries, 4 warps
+# blocks of 64×64 entries, 8 warps (16 entries per thread; compiled for sm_90, 48-104
+# registers per thread, against 96-187 with 4 warps)
 PASS_BLOCK = 64
+PASS_WARPS = 8
 # (BM, BN, warps) tried in turn: the first whose output blocks give every streaming
 # multiprocessor one, else the last (``_blocks``). Compiled for sm_90 (Triton's ptxas,
 # no GPU needed; tests/models/attention/test_iterate_matmul.py) both stay in registers:
@@ -160,24 +162,32 @@ def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
 
 
 @triton.jit
-def _to_fp16(x, x_amax, hi, lo, M, K, s_xb, s_xm, s_xk, s_hb, s_hm, s_hk, s_lb, s_lm, s_lk,
-             SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    """Program (row block, column block, batch): hi = x·s rounded to fp16 for the block,
-    s = ``_fp16_scale`` of x_amax[z]; where ``SPLIT`` also lo = (x·s - hi)·2^11 rounded
-    (``_fp16_split``). x (B, M, K) float32, hi and lo (B, M, K) fp16, any strides."""
+def _to_fp16(x, x_amax, left, right, M, K, s_xb, s_xm, s_xk, SPLIT: tl.constexpr,
+             LEFT: tl.constexpr, RIGHT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Program (row block, column block, batch): x·s rounded to fp16 for the block, s =
+    ``_fp16_scale`` of x_amax[z], into ``right`` (B, M, K); where ``SPLIT`` hi and lo =
+    (x·s - hi)·2^11 rounded (``_fp16_split``), laid out as ``Fp16Operand``'s: ``left``
+    (B, M, 2K) [lo | hi] where ``LEFT``, ``right`` (B, 2M, K) [hi; lo] where ``RIGHT``,
+    both contiguous. x (B, M, K) float32, any strides."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     z = tl.program_id(2)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     v = tl.load(x + z * s_xb + rows[:, None] * s_xm + cols[None, :] * s_xk, mask=mask,
                 other=0.) * _fp16_scale(tl.load(x_amax + z))
-    to_hi = hi + z * s_hb + rows[:, None] * s_hm + cols[None, :] * s_hk
     if SPLIT:
         v_hi, v_lo = _fp16_split(v)
-        tl.store(to_hi, v_hi, mask=mask)
-        tl.store(lo + z * s_lb + rows[:, None] * s_lm + cols[None, :] * s_lk, v_lo, mask=mask)
+        if LEFT:
+            at = left + z * M * 2 * K + rows[:, None] * 2 * K + cols[None, :]
+            tl.store(at + K, v_hi, mask=mask)
+            tl.store(at, v_lo, mask=mask)
+        if RIGHT:
+            at = right + z * 2 * M * K + rows[:, None] * K + cols[None, :]
+            tl.store(at, v_hi, mask=mask)
+            tl.store(at + M * K, v_lo, mask=mask)
     else:
-        tl.store(to_hi, v.to(tl.float16), mask=mask)
+        tl.store(right + z * M * K + rows[:, None] * K + cols[None, :], v.to(tl.float16),
+                 mask=mask)
 
 
 @triton.jit
@@ -254,7 +264,7 @@ class Fp16Operand(NamedTuple):
 def fp16_operand(x, x_amax, precision, left=True, right=True):
     """x (B, M, K) float32 as the 'cublas' fp16 products take it (``Fp16Operand``), with
     ``x_amax`` its max |entry| per matrix (B,) (``amax``, or the product that made x):
-    one pass over x per layout ('fp16': one in all)."""
+    one pass over x, which writes every layout asked for."""
     if precision not in ('fp16', 'fp16x3'):
         raise ValueError(f"fp16 operands are made for 'fp16' or 'fp16x3', got {precision!r}")
     _check_inputs('the fp16 conversion', x, x_amax)
@@ -262,25 +272,18 @@ def fp16_operand(x, x_amax, precision, left=True, right=True):
     if x_amax.shape != (B, ):
         raise ValueError(f'x_amax must be a ({B},) tensor, got {tuple(x_amax.shape)}')
     split = precision == 'fp16x3'
-
-    def convert(hi, lo):
-        lo = hi if lo is None else lo  # a pointer the program does not write
-        grid = (-(-M // PASS_BLOCK), -(-K // PASS_BLOCK), B)
-        _to_fp16[grid](x, x_amax, hi, lo, M, K, *x.stride(), *hi.stride(), *lo.stride(),
-                       SPLIT=split, BM=PASS_BLOCK, BK=PASS_BLOCK, num_warps=4)
-
-    if not split:
-        x16 = x.new_empty(B, M, K, dtype=torch.float16)
-        convert(x16, None)
-        return Fp16Operand(x_amax, x16 if left else None, x16 if right else None)
-    lx = rx = None
-    if left:
-        lx = x.new_empty(B, M, 2 * K, dtype=torch.float16)
-        convert(lx[:, :, K:], lx[:, :, :K])
-    if right:
-        rx = x.new_empty(B, 2 * M, K, dtype=torch.float16)
-        convert(rx[:, :M], rx[:, M:])
-    return Fp16Operand(x_amax, lx, rx)
+    half = dict(dtype=torch.float16, device=x.device)
+    if split:
+        lx = torch.empty(B, M, 2 * K, **half) if left else None
+        rx = torch.empty(B, 2 * M, K, **half) if right else None
+    else:
+        lx = rx = torch.empty(B, M, K, **half)  # one tensor for both sides
+    stand_in = lx if rx is None else rx  # for a layout not asked for: not written
+    _to_fp16[(-(-M // PASS_BLOCK), -(-K // PASS_BLOCK), B)](
+        x, x_amax, stand_in if lx is None else lx, stand_in if rx is None else rx, M, K,
+        *x.stride(), SPLIT=split, LEFT=split and left, RIGHT=right or not split,
+        BM=PASS_BLOCK, BK=PASS_BLOCK, num_warps=PASS_WARPS)
+    return Fp16Operand(x_amax, lx if left else None, rx if right else None)
 
 
 def _gemm16(x, y):
@@ -324,7 +327,7 @@ def fp16_product(c, a, b, beta=1., alpha=1., precision='fp16', out_amax=None):
     _unscale[grid](acc, acc if small is None else small, cc, acc, a.amax, b.amax, out_amax,
                    M, N, float(alpha), float(beta), *cc.stride(), *acc.stride(),
                    HAS_C=c is not None, SPLIT=split, BM=PASS_BLOCK, BN=PASS_BLOCK,
-                   num_warps=4)
+                   num_warps=PASS_WARPS)
     return acc, out_amax
 
 
