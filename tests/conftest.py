@@ -129,11 +129,15 @@ needs_sm90_compiler = pytest.mark.skipif(
     reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
 
 
-def sm90_resources(kernel, constants, num_warps, pointers, floats=(), half_pointers=()):
+def sm90_resources(kernel, constants, num_warps, pointers, floats=(), half_pointers=(),
+                   aligned=()):
     """Compile the Triton ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU
     needed, and return cuobjdump's register and stack (spill) use per thread, and the
     PTX. ``pointers`` name its float32 pointer arguments, ``half_pointers`` its fp16
-    ones, ``floats`` its float32 scalars; the others not in ``constants`` are int32."""
+    ones, ``floats`` its float32 scalars; the others not in ``constants`` are int32.
+    ``aligned`` names int arguments and pointers known to be multiples of 16 (bytes for
+    pointers), as Triton's launcher specializes them when they are: what lets it
+    vectorize loads and copy them to shared memory asynchronously."""
     import tempfile
 
     import triton
@@ -143,7 +147,8 @@ def sm90_resources(kernel, constants, num_warps, pointers, floats=(), half_point
                  else '*fp16' if name in half_pointers else 'fp32' if name in floats
                  else 'i32' for name in kernel.arg_names}
     source = ASTSource(kernel, signature, constexprs={
-        (kernel.arg_names.index(k), ): v for k, v in constants.items()})
+        (kernel.arg_names.index(k), ): v for k, v in constants.items()}, attrs={
+        (kernel.arg_names.index(k), ): [['tt.divisibility', 16]] for k in aligned})
     compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),
                               options=dict(num_warps=num_warps))
     tool = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')

@@ -400,30 +400,22 @@ def _newton_steps_split(A, V, steps):
 
 def _newton_steps_fp16(A, V, steps, precision='fp16', gemm=None):
     """``steps`` steps V ← 2V - V·(A·V) on fp16 tensor cores (``iterate_matmul``:
-    'fp16', TF32's rounding, or 'fp16x3', float32's accuracy): each product gives its
-    result's max |entry| for the next product's scale; the steps' maxima in one buffer
-    (one launch to zero it). ``gemm`` (None: ``iterate_matmul.fp16_gemm()``): 'triton',
-    each product one kernel launch, or 'cublas', cuBLAS's fp16 products of operands
-    converted once each (A for every step, V for both of its products). A, V: (b, m, m),
-    float32, CUDA."""
-    from .iterate_matmul import amax, baddbmm, fp16_gemm, fp16_operand, fp16_product
-    a_amax, v_amax = amax(A), amax(V)
+    'fp16', TF32's rounding, or 'fp16x3', float32's accuracy), the operands converted
+    once each (A for every step, V for both of its products) and the products made the
+    ``gemm`` way (None: ``iterate_matmul.fp16_gemm()``): each product gives its result's
+    max |entry| for the next conversion's scale; the steps' maxima in one buffer (one
+    launch to zero it). A, V: (b, m, m), float32, CUDA."""
+    from .iterate_matmul import amax, fp16_operand, fp16_product
     maxima = A.new_zeros(steps, 2, A.shape[0])
-    if (fp16_gemm() if gemm is None else gemm) == 'cublas':
-        A16 = fp16_operand(A, a_amax, precision, right=False)
-        for k in range(steps):
-            V16 = fp16_operand(V, v_amax, precision)
-            X, x_amax = fp16_product(None, A16, V16, precision=precision,
-                                     out_amax=maxima[k, 0])
-            X16 = fp16_operand(X, x_amax, precision, left=False)
-            V, v_amax = fp16_product(V, V16, X16, beta=2, alpha=-1, precision=precision,
-                                     out_amax=maxima[k, 1])
-        return V
+    A16 = fp16_operand(A, amax(A), precision, right=False)
+    v_amax = amax(V)
     for k in range(steps):
-        X, x_amax = baddbmm(None, A, V, precision=precision, amaxes=(a_amax, v_amax),
-                            out_amax=maxima[k, 0], gemm='triton')
-        V, v_amax = baddbmm(V, V, X, beta=2, alpha=-1, precision=precision,
-                            amaxes=(v_amax, x_amax), out_amax=maxima[k, 1], gemm='triton')
+        V16 = fp16_operand(V, v_amax, precision)
+        X, x_amax = fp16_product(None, A16, V16, precision=precision, out_amax=maxima[k, 0],
+                                 gemm=gemm)
+        X16 = fp16_operand(X, x_amax, precision, left=False)
+        V, v_amax = fp16_product(V, V16, X16, beta=2, alpha=-1, precision=precision,
+                                 out_amax=maxima[k, 1], gemm=gemm)
     return V
 
 

@@ -115,10 +115,10 @@ def test_the_benchmark_measures_every_way(interpreted):
 
 
 def test_both_block_shapes_run(interpreted):
-    for kind in KINDS:
-        if kind.endswith('triton'):
-            cases = interpreted['cases'][kind]
-            assert {tuple(r['blocks']) for r in cases} == {(128, 64), (64, 64)}
+    for kind, shapes in (('tf32x3 triton', {(128, 64), (64, 64)}),
+                         ('fp16 triton', {(128, 128), (64, 64)}),
+                         ('fp16x3 triton', {(128, 128), (64, 64)})):
+        assert {tuple(r['blocks']) for r in interpreted['cases'][kind]} == shapes, kind
 
 
 @pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
@@ -192,20 +192,29 @@ def test_emulated_fp16_products_round_as_tf32(kind):
 @needs_sm90_compiler
 @pytest.mark.parametrize('precision', ['tf32x3', 'fp16', 'fp16x3'])
 def test_kernel_compiles_to_tensor_cores_without_spills(precision):
-    """Each block shape ``baddbmm`` launches compiles for sm_90 into tensor-core
-    products (wgmma: TF32, or fp16 with float32 accumulators and the atomic max of the
-    result) and keeps its blocks in registers: what a GPU call would otherwise find out
-    first."""
-    from mmsoft.models.attention import iterate_matmul
+    """Each block shape the kernel launches with compiles for sm_90 into tensor-core
+    products (wgmma: TF32 of float32 operands, or fp16 of converted operands with
+    float32 accumulators and the atomic max of the result) and keeps its blocks in
+    registers: what a GPU call would otherwise find out first. Specialized as Triton's
+    launcher specializes a launch on SOFT-S's padded kernels (m a multiple of 32:
+    unit column strides, the other sizes, strides and pointers multiples of 16), where
+    the operand tiles go to shared memory by asynchronous copies."""
+    from mmsoft.models.attention import iterate_matmul as im
     fp16 = precision != 'tf32x3'
-    for BM, BN, warps in iterate_matmul.BLOCKS:
+    blocks, bk = (im.BLOCKS16, im.BLOCK_K16) if fp16 else (im.BLOCKS, im.BLOCK_K)
+    operands = ('a', 'b')
+    aligned = operands + ('c', 'out', 's_ab', 's_am', 's_bb', 's_bk', 's_cb', 's_cm',
+                          's_ob', 's_om', 'M', 'N', 'K')
+    for BM, BN, warps in blocks:
         for has_c in (False, True):
             use, ptx = sm90_resources(
-                iterate_matmul._baddbmm,
+                im._baddbmm,
                 dict(HAS_C=has_c, FP16=fp16, SPLIT=precision == 'fp16x3', BM=BM, BN=BN,
-                     BK=iterate_matmul.BLOCK_K),
-                warps, pointers=('a', 'b', 'c', 'out', 'a_amax', 'b_amax', 'out_amax'),
-                floats=('alpha', 'beta'))
+                     BK=bk, s_ak=1, s_bn=1, s_cn=1, s_on=1),
+                warps, pointers=('c', 'out', 'a_amax', 'b_amax', 'out_amax')
+                + (() if fp16 else operands), half_pointers=operands if fp16 else (),
+                floats=('alpha', 'beta'), aligned=aligned)
+            assert 'cp.async' in ptx, (BM, BN, has_c)
             assert use['STACK'] == 0 and use['REG'] <= 255, (BM, BN, has_c, use)
             mma = re.findall(r'wgmma\.mma_async\S*', ptx)
             kind = '.f32.f16.f16' if fp16 else '.tf32.tf32'
