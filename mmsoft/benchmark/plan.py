@@ -218,21 +218,21 @@ def _kernel_deviations(m, device):
 STEPS_TIMED = 4
 
 
-def _step_times(args, m):
-    """{column: seconds per Newton step} of ``STEPS_TIMED`` steps on 20 Gaussian kernels
-    of m landmarks (V₀ = αA), as each precision and way makes them."""
+def _step_times(args, m, steps=STEPS_TIMED, runs=3):
+    """{column: seconds per Newton step} of ``steps`` steps in a row (the mean of
+    ``runs`` calls) on 20 Gaussian kernels of m landmarks (V₀ = αA), as each precision
+    and way makes them."""
     from mmsoft.models.attention import gaussian_kernel, newton
     x = torch.randn(20, m, 32, device=args.device) * 0.3
     A = gaussian_kernel(x, x)
     V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A
-    calls = {'float32': partial(newton._newton_steps, A, V, STEPS_TIMED),
-             'tf32': partial(newton._newton_steps, A, V, STEPS_TIMED, 'tf32')}
+    calls = {'float32': partial(newton._newton_steps, A, V, steps),
+             'tf32': partial(newton._newton_steps, A, V, steps, 'tf32')}
     for k in _kernel_kinds():
         precision, gemm = KERNEL_PRECISIONS[k]
         if precision != 'tf32x3':
-            calls[k] = partial(newton._newton_steps_fp16, A, V, STEPS_TIMED, precision,
-                               gemm=gemm)
-    return {k: time_call(args, fn) / STEPS_TIMED for k, fn in calls.items()}
+            calls[k] = partial(newton._newton_steps_fp16, A, V, steps, precision, gemm=gemm)
+    return {k: time_call(args, fn, runs=runs) / steps for k, fn in calls.items()}
 
 
 def section_matmul(args, out):

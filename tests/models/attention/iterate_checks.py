@@ -128,13 +128,13 @@ def newton_steps(gemm):
 
 def benchmark_columns():
     """What the benchmark's matmul section measures on a GPU (``mmsoft.benchmark.plan``),
-    run here at m = 40: its Newton-step columns and its products' deviations from
-    float64."""
+    run here at m = 40 (one step, one timed call): its Newton-step columns and its
+    products' deviations from float64."""
     from types import SimpleNamespace
 
     from mmsoft.benchmark import plan
-    return dict(steps=list(plan._step_times(SimpleNamespace(device='cpu'), 40)),
-                deviations=plan._kernel_deviations(40, 'cpu'))
+    steps = plan._step_times(SimpleNamespace(device='cpu'), 40, steps=1, runs=1)
+    return dict(steps=list(steps), deviations=plan._kernel_deviations(40, 'cpu'))
 
 
 def main():
