@@ -94,7 +94,8 @@ BLOCKS = ((128, 64, 8), (64, 64, 4))
 # The same for the kernel's fp16 products of converted operands (the 'triton' way),
 # with BLOCK_K16 of the inner size per step (fp16 tiles 64 wide: 128 bytes a row):
 # 'fp16' 128×128 with 8 warps 120-204 registers, 64×64 with 4 71-93; 'fp16x3' 215-217
-# and 128-133 (128×256 spills).
+# and 128-133 (128×256 spills). Where the sizes are not multiples of 16 the launch is
+# not specialized for them, and 128×128 spills: 64×64 then.
 BLOCKS16 = ((128, 128, 8), (64, 64, 4))
 BLOCK_K16 = 64
 
@@ -237,6 +238,14 @@ def _blocks(batch, M, N, device, blocks=BLOCKS):
     return blocks[-1]
 
 
+def _fp16_blocks(batch, M, N, K, device):
+    """(BM, BN, warps) of the kernel's fp16 products (``_blocks`` of ``BLOCKS16``): the
+    large blocks only where M, N and K are multiples of 16, which Triton's launcher
+    specializes the kernel for (else they spill registers on sm_90)."""
+    aligned = M % 16 == 0 and N % 16 == 0 and K % 16 == 0
+    return _blocks(batch, M, N, device, BLOCKS16 if aligned else BLOCKS16[-1:])
+
+
 def amax(x):
     """Each matrix's max |entry|: (B,) for x (B, M, N), float32 (``baddbmm``'s fp16
     scales)."""
@@ -332,7 +341,7 @@ def fp16_product(c, a, b, beta=1., alpha=1., precision='fp16', out_amax=None, ge
     if gemm == 'triton':  # one kernel: the products and the epilogue
         out = a.amax.new_empty(B, M, N)
         cc = out if c is None else c
-        BM, BN, warps = _blocks(B, M, N, out.device, BLOCKS16)
+        BM, BN, warps = _fp16_blocks(B, M, N, K, out.device)
         _baddbmm[(-(-M // BM), -(-N // BN), B)](
             a.left, b.right, cc, out, a.amax, b.amax, out_amax, M, N, K, float(alpha),
             float(beta), *a.left.stride(), *b.right.stride(), *cc.stride(), *out.stride(),

@@ -17,11 +17,11 @@ from mmsoft.models.attention import iterate_matmul, newton
 
 # (batch, M, K, N, with c, a given transposed (column-major), beta, alpha): sizes not
 # multiples of the blocks, every block shape (``iterate_matmul._blocks``: ``BLOCKS``,
-# and ``BLOCKS16`` for the kernel's fp16 products), a Newton step's epilogue 2c - a·b
-# and plain products
+# and ``BLOCKS16`` for the kernel's fp16 products, the large ones at sizes that are
+# multiples of 16), a Newton step's epilogue 2c - a·b and plain products
 CASES = [(2, 70, 45, 33, True, False, 2., -1.), (1, 130, 100, 70, False, False, 1., 1.),
          (3, 65, 64, 129, True, True, 1., 1.), (2, 96, 96, 96, True, False, 2., -1.),
-         (1, 40, 200, 20, False, True, 1., -0.5), (3, 130, 70, 260, True, False, 2., -1.)]
+         (1, 40, 200, 20, False, True, 1., -0.5), (2, 256, 48, 256, True, False, 2., -1.)]
 # fp16: each operand matrix's magnitude (fp16 holds 6e-8 to 65504 unscaled)
 MAGNITUDES = (1e-7, 1., 3e6)
 # (precision, gemm) pairs checked: 'tf32x3' has the kernel only
@@ -65,9 +65,8 @@ def cases(precision, gemm):
         if with_c:
             ref += beta * c.double()
         result = dict(case=[B, M, K, N, with_c, transposed, beta, alpha],
-                      blocks=iterate_matmul._blocks(
-                          B, M, N, a.device,
-                          iterate_matmul.BLOCKS16 if fp16 else iterate_matmul.BLOCKS)[:2],
+                      blocks=(iterate_matmul._fp16_blocks(B, M, N, K, a.device) if fp16
+                              else iterate_matmul._blocks(B, M, N, a.device))[:2],
                       shape=list(out.shape),
                       deviations=[_deviation(out[i], ref[i]) for i in range(B)])
         if precision != 'fp16':
