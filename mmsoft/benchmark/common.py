@@ -146,11 +146,13 @@ def path_plan(name, device):
                               of split operands (``float32_products='tf32x3'``: one
                               Triton kernel each on CUDA, emulated elsewhere)
       +fp16x3                 the same as three fp16 products of split operands scaled by
-                              powers of two (``float32_products='fp16x3'``; the fused
-                              kernels' products with P split as +tf32x3)
+                              powers of two (``float32_products='fp16x3'``: on CUDA
+                              cuBLAS's with torch 2.8 on, else the Triton kernel's;
+                              emulated elsewhere; the fused kernels' products with P
+                              split as +tf32x3)
       +fp16                   'tf32''s TF32 products from fp16 tensor cores, operands
-                              scaled by powers of two (``tf32_products='fp16'``: one
-                              Triton kernel each on CUDA, emulated elsewhere)
+                              scaled by powers of two (``tf32_products='fp16'``: made
+                              as +fp16x3's on CUDA, emulated elsewhere)
     """
     from mmsoft.models.attention import PLANS, plan_for
     base = plan_for(torch.device(device).type)

@@ -283,7 +283,7 @@ def section_matmul(args, out):
         if triton_available():  # the kernel's products against float64
             kernel = {m: _kernel_deviations(m, args.device) for m in sizes}
             out['kernel_deviations'] = kernel
-            lines.append("\nThe Triton kernel's products against float64 (max |Δ| / max "
+            lines.append("\nThe split and fp16 products against float64 (max |Δ| / max "
                          "|product|, 8 m×m matrices) of the operands ('tf32x3', 'fp16x3': "
                          "float32's accuracy) or of the operands rounded as 'fp16' rounds "
                          "them (round_fp16_scaled): near float32's summation error (~1e-6) "

@@ -7,9 +7,10 @@ runs. The steps, by part (one call of a lent GPU machine each):
   measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
   matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
-                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16 (ms,
-                 TFLOP/s, and the kernel's deviations): do TF32 products reach the
-                 tensor cores, and how fast and how exact are the kernel's?
+                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16, the
+                 last two also in cuBLAS (ms, TFLOP/s, and each one's deviations), and
+                 Newton steps each way: do TF32 products reach the tensor cores, and
+                 how fast and how exact are the fp16 ones, each way?
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed

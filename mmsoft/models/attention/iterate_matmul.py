@@ -268,7 +268,7 @@ def _check_gemm(gemm, device):
 
 
 class Fp16Operand(NamedTuple):
-    """A float32 matrix batch x (B, M, K) converted for the 'cublas' fp16 products
+    """A float32 matrix batch x (B, M, K) converted for the fp16 products, either way
     (``fp16_operand``): its max |entry| per matrix (B,), which gives the scale, and its
     fp16 values as a left operand (a of a·b) and as a right one (b), None where not
     made. 'fp16': x·s rounded, (B, M, K), the same tensor on both sides. 'fp16x3':
@@ -280,7 +280,7 @@ class Fp16Operand(NamedTuple):
 
 
 def fp16_operand(x, x_amax, precision, left=True, right=True):
-    """x (B, M, K) float32 as the 'cublas' fp16 products take it (``Fp16Operand``), with
+    """x (B, M, K) float32 as the fp16 products take it (``Fp16Operand``), with
     ``x_amax`` its max |entry| per matrix (B,) (``amax``, or the product that made x):
     one pass over x, which writes every layout asked for."""
     if precision not in ('fp16', 'fp16x3'):
