@@ -120,6 +120,29 @@ def _fp16_split(x):
 
 
 @triton.jit
+def _epilogue(acc, small, z, rows, cols, c, out, a_amax, b_amax, out_amax, M, N, alpha,
+              beta, s_cb, s_cm, s_cn, s_ob, s_om, s_on, HAS_C: tl.constexpr,
+              FP16: tl.constexpr, SPLIT: tl.constexpr):
+    """out = β·c + α·(a·b) on the block (rows, cols) of matrix z, from the product's
+    float32 sums acc (and where ``SPLIT`` the small terms' apart, 2^11 times their
+    value: added first); where ``FP16`` the operands' scales (``_fp16_scale`` of
+    a_amax[z] and b_amax[z]) undone one at a time (each a power of two: exact) and
+    out_amax[z] raised to the block's max |out| (atomic max). c and out any strides."""
+    if SPLIT:
+        acc += small / 2048.
+    if FP16:
+        acc = acc / _fp16_scale(tl.load(a_amax + z)) / _fp16_scale(tl.load(b_amax + z))
+    acc = alpha * acc
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if HAS_C:
+        acc += beta * tl.load(c + z * s_cb + rows[:, None] * s_cm + cols[None, :] * s_cn,
+                              mask=mask, other=0.)
+    tl.store(out + z * s_ob + rows[:, None] * s_om + cols[None, :] * s_on, acc, mask=mask)
+    if FP16:
+        tl.atomic_max(out_amax + z, tl.max(tl.max(tl.where(mask, tl.abs(acc), 0.), 1), 0))
+
+
+@triton.jit
 def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
              s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_ob, s_om, s_on,
              HAS_C: tl.constexpr, FP16: tl.constexpr, SPLIT: tl.constexpr,
@@ -139,6 +162,7 @@ def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
     pa = a + z * s_ab + rows[:, None] * s_am + kk[None, :] * s_ak
     pb = b + z * s_bb + kk[:, None] * s_bk + cols[None, :] * s_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    small = acc  # the small terms' sums where FP16 and SPLIT, else unread
     if FP16 and SPLIT:
         small = tl.zeros((BM, BN), dtype=tl.float32)
     for start in range(0, K, BK):
@@ -156,18 +180,8 @@ def _baddbmm(a, b, c, out, a_amax, b_amax, out_amax, M, N, K, alpha, beta,
             acc = _dot(x, y, acc, True)
         pa += BK * s_ak
         pb += BK * s_bk
-    if FP16 and SPLIT:
-        acc += small / 2048.
-    if FP16:  # the scales undone one at a time (each a power of two: exact)
-        acc = acc / _fp16_scale(tl.load(a_amax + z)) / _fp16_scale(tl.load(b_amax + z))
-    acc = alpha * acc
-    mask = in_rows[:, None] & in_cols[None, :]
-    if HAS_C:
-        acc += beta * tl.load(c + z * s_cb + rows[:, None] * s_cm + cols[None, :] * s_cn,
-                              mask=mask, other=0.)
-    tl.store(out + z * s_ob + rows[:, None] * s_om + cols[None, :] * s_on, acc, mask=mask)
-    if FP16:
-        tl.atomic_max(out_amax + z, tl.max(tl.max(tl.where(mask, tl.abs(acc), 0.), 1), 0))
+    _epilogue(acc, small, z, rows, cols, c, out, a_amax, b_amax, out_amax, M, N, alpha,
+              beta, s_cb, s_cm, s_cn, s_ob, s_om, s_on, HAS_C, FP16, FP16 and SPLIT)
 
 
 @triton.jit
@@ -203,26 +217,21 @@ def _to_fp16(x, x_amax, left, right, M, K, s_xb, s_xm, s_xk, SPLIT: tl.constexpr
 def _unscale(acc, small, c, out, a_amax, b_amax, out_amax, M, N, alpha, beta,
              s_cb, s_cm, s_cn, s_ob, s_om, s_on, HAS_C: tl.constexpr, SPLIT: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr):
-    """Program (row block, column block, batch): out = β·c + α·(acc + small/2^11)/(s_a·s_b)
-    on its block (``_baddbmm``'s epilogue, in its order), s_a and s_b the operands'
-    ``_fp16_scale``; out_amax[z] raised to the block's max |out| (atomic max). acc and
-    small: (B, M, N), contiguous (cuBLAS's results; small only where ``SPLIT``); c and
-    out any strides (out may be acc: each entry is read before it is written)."""
+    """Program (row block, column block, batch): ``_baddbmm``'s epilogue on its block of
+    cuBLAS's results, out = β·c + α·(acc + small/2^11)/(s_a·s_b) (``_epilogue``). acc
+    and small: (B, M, N), contiguous (small read only where ``SPLIT``); c and out any
+    strides (out may be acc: each entry is read before it is written)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     z = tl.program_id(2)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     at = z * M * N + rows[:, None] * N + cols[None, :]
     v = tl.load(acc + at, mask=mask, other=0.)
+    small_terms = v  # unread unless SPLIT
     if SPLIT:
-        v += tl.load(small + at, mask=mask, other=0.) / 2048.
-    v = v / _fp16_scale(tl.load(a_amax + z)) / _fp16_scale(tl.load(b_amax + z))
-    v = alpha * v
-    if HAS_C:
-        v += beta * tl.load(c + z * s_cb + rows[:, None] * s_cm + cols[None, :] * s_cn,
-                            mask=mask, other=0.)
-    tl.store(out + z * s_ob + rows[:, None] * s_om + cols[None, :] * s_on, v, mask=mask)
-    tl.atomic_max(out_amax + z, tl.max(tl.max(tl.where(mask, tl.abs(v), 0.), 1), 0))
+        small_terms = tl.load(small + at, mask=mask, other=0.)
+    _epilogue(v, small_terms, z, rows, cols, c, out, a_amax, b_amax, out_amax, M, N, alpha, beta,
+              s_cb, s_cm, s_cn, s_ob, s_om, s_on, HAS_C, True, SPLIT)
 
 
 def _blocks(batch, M, N, device, blocks=BLOCKS):
@@ -252,17 +261,22 @@ def amax(x):
     return x.abs().amax((-2, -1))
 
 
+def _cublas_fp16():
+    """Whether torch has cuBLAS products of fp16 operands with float32 results
+    (``torch.bmm``'s ``out_dtype``, torch 2.8 on)."""
+    return hasattr(torch.ops.aten.bmm, 'dtype')
+
+
 def fp16_gemm():
     """How the fp16 products are made where no caller says (module docstring):
-    'cublas' where torch has cuBLAS products of fp16 operands with float32 results
-    (``torch.bmm``'s ``out_dtype``, torch 2.8 on), else 'triton'."""
-    return 'cublas' if hasattr(torch.ops.aten.bmm, 'dtype') else 'triton'
+    'cublas' where torch has them (``_cublas_fp16``), else 'triton'."""
+    return 'cublas' if _cublas_fp16() else 'triton'
 
 
 def _check_gemm(gemm, device):
     if gemm not in GEMMS:
         raise ValueError(f'gemm must be one of {GEMMS}, got {gemm!r}')
-    if gemm == 'cublas' and device.type == 'cuda' and not hasattr(torch.ops.aten.bmm, 'dtype'):
+    if gemm == 'cublas' and device.type == 'cuda' and not _cublas_fp16():
         raise ValueError("gemm='cublas' needs torch.bmm's out_dtype (torch 2.8 or later), "
                          f'this is torch {torch.__version__}')
 
