@@ -113,6 +113,7 @@ def build(name, mode='auto'):
 
 # What a path's ``+modifier`` changes in its plan (``path_plan``)
 PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
+                  'triton_chunks': dict(kernel_products='triton_chunks'),
                   'tf32x3': dict(float32_products='tf32x3'),
                   'fp16x3': dict(float32_products='fp16x3'),
                   'fp16': dict(tf32_products='fp16')}
@@ -142,6 +143,9 @@ def path_plan(name, device):
     and any of them followed by modifiers (``PATH_MODIFIERS``), e.g. ``default+tf32x3``:
 
       +fused                  P's products in the fused Triton kernels
+      +triton_chunks          P's chunks (and G) written by one Triton kernel each, the
+                              products the library's
+                              (``kernel_products='triton_chunks'``)
       +tf32x3                 the iterate's float32 m×m products as three TF32 products
                               of split operands (``float32_products='tf32x3'``: one
                               Triton kernel each on CUDA, emulated elsewhere)

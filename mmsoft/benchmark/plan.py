@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from mmsoft.models.attention import attention_plan
+from mmsoft.models.attention import attention_plan, plan_for
 from mmsoft.models.attention.dtypes import new_tf32_flags
 from mmsoft.models.attention.plan import triton_available
 
@@ -402,13 +402,28 @@ def _kernel_once(q, lm, v, w):
         return P @ w
 
 
+def _kernel_once_triton(q, lm, v, w, split=False):
+    """``_kernel_once`` with P written by the Triton kernel of ``triton_chunks.py``, its
+    logits' product split into TF32 ones where ``split``
+    (``kernel_products='triton_chunks'`` without gradients)."""
+    from mmsoft.models.attention import kernel_features, triton_chunks
+    with torch.no_grad():
+        fq = kernel_features(q).flatten(0, -3)
+        fl = kernel_features(lm, right=True).flatten(0, -3)
+        P = triton_chunks.kernel(fq, fl, split=split).view(*q.shape[:-1], lm.shape[-2])
+        P.transpose(-1, -2) @ v
+        return P @ w
+
+
 def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks',
                     float32_products='float32'):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), or in the fused kernels (``products='fused'``, their
-    forward products split into TF32 ones with ``float32_products='tf32x3'``), with
-    backward if ``train``: then as training runs them, W = κᵀ·V with one G for both
-    products (``kernel_attention``, the middle left out)."""
+    forced for this device type), each written by the Triton kernel of
+    ``triton_chunks.py`` (``products='triton_chunks'``), or in the fused kernels
+    (``products='fused'``); the Triton kernels' products split into TF32 ones with
+    ``float32_products='tf32x3'`` (the fused kernels' forward products); with backward if
+    ``train``: then as training runs them, W = κᵀ·V with one G for both products
+    (``kernel_attention``, the middle left out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
     with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None, kernel_products=products,
                         float32_products=float32_products,
@@ -435,8 +450,10 @@ def _kernel_g_each(q, lm, v):
 def section_kernel(args, out):
     """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training."""
     soft = build('SOFT-S')
-    # the fused kernels (Triton) on CUDA; elsewhere they run only in Triton's interpreter
-    fused = args.device == 'cuda' and triton_available()
+    # the Triton kernels (triton_chunks.py, fused.py) on CUDA; elsewhere they run only in
+    # Triton's interpreter
+    triton = args.device == 'cuda' and triton_available()
+    plan_chunk = plan_for(torch.device(args.device).type).kernel_chunk
     cases = {}  # row name -> {variant: fn}
     for size in args.sizes:
         for s, h, d, hw in _soft_stages(soft, size):
@@ -453,7 +470,17 @@ def section_kernel(args, out):
                                             *tensors)
                 if train:
                     fns['a G each'] = partial(_kernel_g_each, *tensors[:3])
-                if fused:
+                if triton and train:
+                    for name, split in (('triton chunks', 'float32'),
+                                        ('triton chunks, split', 'tf32x3')):
+                        fns[name] = partial(_kernel_chunked, args.device, plan_chunk, train,
+                                            *tensors, products='triton_chunks',
+                                            float32_products=split)
+                elif triton:
+                    fns['triton chunks'] = partial(_kernel_once_triton, *tensors)
+                    fns['triton chunks, split'] = partial(_kernel_once_triton, *tensors,
+                                                          split=True)
+                if triton:
                     fns['fused'] = partial(_kernel_chunked, args.device, 1, train, *tensors,
                                            products='fused')
                     fns['fused, split'] = partial(_kernel_chunked, args.device, 1, train,
@@ -468,7 +495,7 @@ def section_kernel(args, out):
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
     cols = (['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
-            + ['fused', 'fused, split'] * fused)
+            + ['triton chunks', 'triton chunks, split', 'fused', 'fused, split'] * triton)
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -481,7 +508,11 @@ def section_kernel(args, out):
                  'twice); train: κᵀ·V, then κ·W with W = κᵀ·V, with backward (P recomputed '
                  'chunk by chunk), as training runs them: one G = ∇P ⊙ P for both '
                  "products, and one each ('a G each', at the plan's chunk: as under "
-                 "torch.compile); 'fused': the fused Triton kernels, P never formed "
+                 "torch.compile); 'triton chunks': P written by one Triton kernel "
+                 "(inference: once; train: at the plan's chunk, G with it), the products "
+                 "the library's (kernel_products='triton_chunks'); 'triton chunks, split': "
+                 "its products as TF32 products of split operands; 'fused': the fused "
+                 "Triton kernels, P never formed "
                  "(kernel_products='fused'; CUDA); 'fused, split': their forward products "
                  "with P as TF32 products of split operands (float32_products='tf32x3'). "
                  "The plan's kernel_chunk on "

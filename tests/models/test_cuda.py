@@ -25,10 +25,12 @@ pytestmark = [
 # TF32 ones (one Triton kernel each; 'tf32x3' makes every product so), and both (the
 # fused kernels' products with P split too); 'tf32' with its TF32 products from fp16
 # tensor cores (one Triton kernel each), alone, with its float32 products as three fp16
-# ones, and with every other kernel.
+# ones, and with every other kernel; P's chunks written by one Triton kernel each, alone
+# and with the products on fp16 tensor cores (its own products split).
 SPLIT = dict(float32_products='tf32x3')
 FP16 = dict(tf32_products='fp16')
 FP16X3 = dict(FP16, float32_products='fp16x3')
+TRITON_CHUNKS = dict(kernel_products='triton_chunks')
 
 
 @pytest.mark.parametrize('pinv_method, layout, choices', [
@@ -37,7 +39,8 @@ FP16X3 = dict(FP16, float32_products='fp16x3')
     ('auto', 'images', SPLIT), ('tf32', 'images', SPLIT),
     ('auto', 'images', dict(SPLIT, kernel_products='fused')), ('tf32', 'images', FP16),
     ('tf32', 'images', FP16X3), ('iterative', 'images', FP16X3),
-    ('tf32', 'images', dict(FP16X3, kernel_products='fused'))])
+    ('tf32', 'images', dict(FP16X3, kernel_products='fused')),
+    ('auto', 'images', TRITON_CHUNKS), ('tf32', 'images', dict(FP16X3, **TRITON_CHUNKS))])
 def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
     force_plan(local_conv_layout=layout, **choices, device='cuda')
     expected = torch.load(data_path('soft_public_expected.pth'))
@@ -50,12 +53,14 @@ def test_parity_on_cuda(pinv_method, layout, choices, force_plan):
 
 @pytest.mark.parametrize('choices', [{}, dict(kernel_products='fused'), SPLIT,
                                      dict(SPLIT, kernel_products='fused'),
-                                     dict(float32_products='fp16x3')],
-                         ids=['plan', 'fused', 'split', 'fused split', 'fp16 split'])
+                                     dict(float32_products='fp16x3'), TRITON_CHUNKS,
+                                     dict(TRITON_CHUNKS, float32_products='fp16x3')],
+                         ids=['plan', 'fused', 'split', 'fused split', 'fp16 split',
+                              'triton chunks', 'triton chunks fp16 split'])
 def test_training_gradients_on_cuda_equal_cpu(choices, force_plan):
     """One training step's gradients on CUDA (memory-lean path; P's products from the
-    library or the fused kernels, the iterate's float32 products as they are or split)
-    equal the CPU's.
+    library, its chunks written by the library or by one Triton kernel, or the fused
+    kernels; the iterate's float32 products as they are or split) equal the CPU's.
 
     The biases of the convs that feed a training-mode BatchNorm (the patch embeddings)
     have a gradient of zero by construction: BatchNorm subtracts the batch mean. Their
@@ -114,8 +119,9 @@ def test_soft_small_trains_on_cuda():
 
 @pytest.mark.parametrize('kwargs, choices', [
     ({}, {}), (dict(pinv_method='regularized'), {}), (dict(landmark_grid=16), {}),
-    ({}, dict(kernel_products='fused')), ({}, SPLIT), ({}, dict(FP16X3, pinv='tf32'))],
-    ids=['auto', 'regularized', 'grid16', 'fused', 'split', 'fp16'])
+    ({}, dict(kernel_products='fused')), ({}, SPLIT), ({}, dict(FP16X3, pinv='tf32')),
+    ({}, TRITON_CHUNKS)],
+    ids=['auto', 'regularized', 'grid16', 'fused', 'split', 'fp16', 'triton chunks'])
 def test_no_host_device_sync(kwargs, choices, force_plan):
     """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
     raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""

@@ -39,9 +39,10 @@ def test_report_runs_its_steps(tmp_path):
     assert '\n### pinv\n' in report  # the benchmark's headings below the step's
     assert (tmp_path / 'pinv.json').exists()
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
-    # the fused kernels run on CUDA only
+    # Triton's kernel products run on CUDA only
     paths = set(device_report.FIDELITY_PATHS) - {
-        device_report.FUSED, device_report.FUSED_SPLIT, device_report.ALL_KERNELS}
+        device_report.FUSED, device_report.FUSED_SPLIT, device_report.ALL_KERNELS,
+        device_report.TRITON_CHUNKS, device_report.TRITON_FP16_SPLIT}
     assert set(fidelity['outputs']['blank']) == paths
     assert set(fidelity['gradients']) == {'astronaut'}
     assert set(fidelity['gradients']['astronaut']['paths']) == paths
@@ -64,12 +65,13 @@ def test_every_step_is_a_command_its_tool_takes():
                 cmd = device_report.command(name, args)
                 parsed = parsers[tool].parse_args(cmd[2:])
                 assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
-                if name in ('fp32', 'fidelity'):  # the fused kernels on CUDA only
+                if name in ('fp32', 'fidelity'):  # Triton's kernel products on CUDA only
                     paths = parsed.soft_plans if tool == 'benchmark' else parsed.paths
                     fused = device == 'cuda' and triton_available()
-                    assert (device_report.FUSED in paths) == fused, (name, device)
-                    assert (device_report.FUSED_SPLIT in paths) == fused, (name, device)
-                    assert (device_report.ALL_KERNELS in paths) == fused, (name, device)
+                    for triton in (device_report.FUSED, device_report.FUSED_SPLIT,
+                                   device_report.ALL_KERNELS, device_report.TRITON_CHUNKS,
+                                   device_report.TRITON_FP16_SPLIT):
+                        assert (triton in paths) == fused, (name, device, triton)
                     for emulated in (device_report.SPLIT, device_report.FP16,
                                      device_report.FP16_SPLIT):  # emulated off CUDA
                         assert emulated in paths, (name, device)

@@ -16,18 +16,20 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, FUSED, SPLIT, both, FP16, FP16_SPLIT and ALL_KERNELS
-                 (SPEED_PATHS, --soft-plans): what CUDA's plan gains on this GPU, what
-                 its thin steps gain in inference and training, and what the fused
-                 kernel products, the split float32 products and the products on fp16
+                 FORMED, FUSED, SPLIT, both, FP16, FP16_SPLIT, ALL_KERNELS,
+                 TRITON_CHUNKS and TRITON_FP16_SPLIT (SPEED_PATHS, --soft-plans): what
+                 CUDA's plan gains on this GPU, what its thin steps gain in inference
+                 and training, and what the fused kernel products, P written by one
+                 Triton kernel, the split float32 products and the products on fp16
                  tensor cores gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FP16_SPLIT, FUSED and
-                 ALL_KERNELS (where the time goes, and what the products on fp16
-                 tensor cores and the fused products change)
+                 training step by GPU kernel under the plan, FP16_SPLIT,
+                 TRITON_FP16_SPLIT, FUSED and ALL_KERNELS (where the time goes, and what
+                 the products on fp16 tensor cores, P written by one Triton kernel and
+                 the fused products change)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
@@ -44,8 +46,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
   detector       benchmark --sections detector (also SOFT-S with cuda_graphs)
   --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
-                 kernel_chunk and kernel_once_up_to; the fused kernel products per
-                 stage, with and without split products (CUDA)
+                 kernel_chunk and kernel_once_up_to; P written by one Triton kernel and
+                 the fused kernel products per stage, with and without split products
+                 (CUDA)
   bf16, fp16     speed and training step under torch.autocast (--amp bf16 / fp16)
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
@@ -113,14 +116,22 @@ FUSED_SPLIT = 'fused+tf32x3'
 FP16 = 'default+fp16'
 FP16_SPLIT = 'default+fp16+fp16x3'
 ALL_KERNELS = 'fused+fp16+fp16x3'
+# CUDA's plan with P's chunks (and G in backward) written by one Triton kernel each
+# (kernel_products='triton_chunks'), alone and with FP16_SPLIT (whose split float32
+# products split that kernel's products too)
+TRITON_CHUNKS = 'default+triton_chunks'
+TRITON_FP16_SPLIT = 'default+triton_chunks+fp16+fp16x3'
+# the paths that need Triton's kernels on CUDA (``command`` leaves them out elsewhere)
+TRITON_MODIFIERS = ('fused', 'triton_chunks')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
                   + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT,
-                     FP16, FP16_SPLIT, ALL_KERNELS])
+                     FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT and ALL_KERNELS
+# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS,
+# TRITON_CHUNKS and TRITON_FP16_SPLIT
 SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
-               ALL_KERNELS)
+               ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
@@ -142,9 +153,11 @@ STEPS = {
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FP16_SPLIT, FUSED, ALL_KERNELS],
+                                      '--soft-plans', FP16_SPLIT, TRITON_FP16_SPLIT, FUSED,
+                                      ALL_KERNELS],
                 "where SOFT-S's time goes, by kernel: the plan, FP16_SPLIT (its products "
-                "on fp16 tensor cores), FUSED and ALL_KERNELS"),
+                "on fp16 tensor cores), TRITON_FP16_SPLIT (and P written by one Triton "
+                "kernel), FUSED and ALL_KERNELS"),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
@@ -214,13 +227,14 @@ def machine(device):
 
 
 def command(name, args):
-    """The argv of step ``name``. The paths with the fused kernels ('fused' or a
-    '+fused' modifier: FUSED, FUSED_SPLIT, ALL_KERNELS) are left out where those cannot
-    run: off CUDA (outside Triton's interpreter) and without Triton 3."""
+    """The argv of step ``name``. The paths with Triton's kernel products ('fused', or a
+    '+fused' or '+triton_chunks' modifier: FUSED, FUSED_SPLIT, ALL_KERNELS,
+    TRITON_CHUNKS, TRITON_FP16_SPLIT) are left out where those cannot run: off CUDA
+    (outside Triton's interpreter) and without Triton 3."""
     from mmsoft.models.attention.plan import triton_available
     _, tool, own, _ = STEPS[name]
     if args.device != 'cuda' or not triton_available():
-        own = [a for a in own if FUSED not in a.split('+')]
+        own = [a for a in own if not set(TRITON_MODIFIERS) & set(a.split('+'))]
     if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']

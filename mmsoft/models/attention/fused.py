@@ -255,11 +255,11 @@ def _check_inputs(what, *tensors):
             raise ValueError(f'{what} take float32 tensors, got {t.dtype}')
 
 
-def _prepared(*tensors):
-    """The tensors as the kernels read them: float32 (checked, ``_check_inputs``), with
-    unit stride in the last dimension (a gradient autograd expanded from a sum may have
-    none: copied then); None stays None."""
-    _check_inputs('the fused kernel products', *tensors)
+def _prepared(*tensors, what='the fused kernel products'):
+    """The tensors as the kernels read them: float32 (checked, ``_check_inputs``; ``what``
+    names the kernels in its errors), with unit stride in the last dimension (a gradient
+    autograd expanded from a sum may have none: copied then); None stays None."""
+    _check_inputs(what, *tensors)
     return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in tensors]
 
 

@@ -14,15 +14,16 @@ changes what is computed, only how (up to float rounding):
                        this many landmarks (1: none)
     float32_products   the iterations' float32 m×m products ('iterative''s and 'tf32''s
                        float32 steps, the thin steps' X_k), and with 'fused' kernel
-                       products the forward kernels' products with P: 'float32' (the
+                       products the forward kernels' products with P, with
+                       'triton_chunks' the products that make P and G: 'float32' (the
                        library's, CUDA cores), 'tf32x3' (three TF32 tensor-core
                        products of split operands, float32's accuracy: on CUDA one
                        Triton kernel per product, ``iterate_matmul.py``; emulated
                        elsewhere, slow) or 'fp16x3' (the same split as three fp16
                        products, operands scaled by powers of two: twice the rate; on
                        CUDA cuBLAS's fp16 products of operands converted once, or
-                       with torch < 2.8 the Triton kernel; the fused kernels'
-                       products with P split as 'tf32x3')
+                       with torch < 2.8 the Triton kernel; the Triton kernels'
+                       products of P split as 'tf32x3')
     tf32_products      'tf32''s TF32 products: 'tf32' (the library's) or 'fp16'
                        (TF32's rounding from fp16 tensor cores, twice TF32's rate:
                        each operand matrix scaled by a power of two, then rounded to
@@ -44,9 +45,13 @@ changes what is computed, only how (up to float rounding):
     compiled_kernel_chunks
                        under torch.compile, P in this many row chunks whatever its
                        size (one graph for every image size)
-    kernel_products    'chunks' (library products over P's row chunks, above) or 'fused'
-                       (Triton kernels that compute P block by block and never write it:
-                       ``fused.py``; float32 on CUDA, eager; otherwise the chunks)
+    kernel_products    'chunks' (library products over P's row chunks, above; each chunk
+                       made by three library operators), 'triton_chunks' (the same
+                       products, each chunk, and in backward G = ∇P ⊙ P with it,
+                       written by one Triton kernel: ``triton_chunks.py``) or 'fused'
+                       (Triton kernels that compute P block by block and never write
+                       it: ``fused.py``); the Triton kernels for float32 on CUDA, eager;
+                       otherwise the chunks
     local_conv_layout  how ``HeadSharedConv`` runs the depthwise conv on V ('images':
                        the official grouped conv; 'channels': one depthwise conv over
                        V's h·d channels)
@@ -94,7 +99,7 @@ __all__ = [
 # 'regularized' (not the T-step iterate: ``newton.regularized_apply``).
 PINV_METHODS = ('auto', ) + EXACT_PINV_METHODS + ('regularized', )
 LAYOUTS = ('images', 'channels')
-KERNEL_PRODUCTS = ('chunks', 'fused')
+KERNEL_PRODUCTS = ('chunks', 'triton_chunks', 'fused')
 ORDERS = ('thin', 'official')
 
 
@@ -117,7 +122,7 @@ class AttentionPlan:
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
         compiled_kernel_chunks (int): row chunks of P under torch.compile.
-        kernel_products (str): 'chunks' or 'fused'.
+        kernel_products (str): 'chunks', 'triton_chunks' or 'fused'.
         local_conv_layout (str): 'images' or 'channels'.
         order (str): 'thin' or 'official'.
     """
@@ -165,9 +170,10 @@ class AttentionPlan:
         if self.kernel_products not in KERNEL_PRODUCTS:
             raise ValueError(f'kernel_products must be one of {KERNEL_PRODUCTS}, got '
                              f'{self.kernel_products!r}')
-        if self.kernel_products == 'fused' and not triton_available():
-            raise ValueError("kernel_products='fused' needs Triton 3 or later (installed "
-                             'with PyTorch on Linux with CUDA), which cannot be imported here')
+        if self.kernel_products != 'chunks' and not triton_available():
+            raise ValueError(f'kernel_products={self.kernel_products!r} needs Triton 3 or '
+                             'later (installed with PyTorch on Linux with CUDA), which '
+                             'cannot be imported here')
         once = self.kernel_once_up_to
         if once is not None and (not isinstance(once, int) or once < 0):
             raise ValueError(f'kernel_once_up_to must be None or an int >= 0, got {once!r}')

@@ -16,12 +16,16 @@ landmarks' features serve both P and the m×m kernel A), clamped and exponentiat
 place: three passes over an N×m tensor and no copies, in training too, where the
 products with the features also give the norms' gradients (``_KernelMatmul``).
 
-Where the device's plan says ``kernel_products='fused'``, float32 products run in fused
-Triton kernels instead (``fused.py``, CUDA): P is computed block by block in registers and
-never written to memory, with or without gradients.
+Where the device's plan says ``kernel_products='triton_chunks'``, each float32 chunk of P
+(P whole where it is formed once) is written by one Triton kernel instead
+(``triton_chunks.py``, CUDA): one pass instead of three, and in backward G = ∇P ⊙ P with
+it; the products stay the library's. Where it says ``kernel_products='fused'``, float32
+products run in fused Triton kernels instead (``fused.py``, CUDA): P is computed block by
+block in registers and never written to memory, with or without gradients.
 """
 import math
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -84,6 +88,21 @@ def _fused(q, plan):
             not is_compiling() and not torch.jit.is_tracing())
 
 
+def _triton_chunks(q, plan):
+    """Whether P's chunks (and G) are written by the Triton kernel of ``triton_chunks.py``: the
+    plan's ``kernel_products`` says 'triton_chunks', q is float32, and the code runs eagerly."""
+    return (plan.kernel_products == 'triton_chunks' and q.dtype == torch.float32 and
+            not is_compiling() and not torch.jit.is_tracing())
+
+
+class _TritonChunks(NamedTuple):
+    """P's row chunks, each written by the Triton kernel of ``triton_chunks.py``
+    (``_chunk_count``): ``count`` of them, its products split into TF32 ones where
+    ``split``."""
+    count: int
+    split: bool
+
+
 def _chunk_count(q, landmarks, plan=None):
     """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
     most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
@@ -91,7 +110,9 @@ def _chunk_count(q, landmarks, plan=None):
     products without forming it (``_fused``), the plan's ``float32_products`` instead (a
     str: 'tf32x3' and 'fp16x3' split their products with P into TF32 ones; fp16 ones
     would need each operand's scale, which the kernels, seeing a block at a time, do not
-    have: ``_split``). ``plan`` None: the plan in force for q's device type.
+    have: ``_split``); where the Triton kernel of ``triton_chunks.py`` writes each chunk
+    (``_triton_chunks``), the count and that split as a ``_TritonChunks``. ``plan`` None: the
+    plan in force for q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -107,13 +128,27 @@ def _chunk_count(q, landmarks, plan=None):
         return plan.compiled_kernel_chunks
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
     step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
-    return -(-N // step)
+    count = -(-N // step)
+    if _triton_chunks(q, plan):
+        return _TritonChunks(count, _split(plan.float32_products))
+    return count
 
 
 def _split(products):
-    """Whether the fused kernels split their products with P (``_chunk_count``'s str, the
-    plan's ``float32_products``): as three TF32 products for 'tf32x3' and 'fp16x3'."""
+    """Whether the fused kernels split their products with P, and the kernel of
+    ``triton_chunks.py`` its products (``_chunk_count``; the plan's ``float32_products``): as
+    three TF32 products for 'tf32x3' and 'fp16x3'."""
     return products != 'float32'
+
+
+def _former(count):
+    """(row chunks, forming function) for a ``_chunk_count`` that is not the fused
+    kernels': the function makes a chunk of P from the features, (b, rows, K) and
+    (b, m, K) -> (b, rows, m): ``_kernel`` (library operators) or the Triton kernel."""
+    if isinstance(count, _TritonChunks):
+        from . import triton_chunks
+        return count.count, partial(triton_chunks.kernel, split=count.split)
+    return count, _kernel
 
 
 def _row_parts(count, *tensors):
@@ -163,8 +198,10 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        count (int | str): P's row chunks (``_chunk_count``); a str: the fused kernels,
-            with their products split into TF32 ones if 'tf32x3'.
+        count (int | str | _TritonChunks): P's row chunks (``_chunk_count``); a str:
+            the fused kernels, with their products split into TF32 ones if 'tf32x3';
+            a ``_TritonChunks``: each chunk written by the Triton kernel of
+            ``triton_chunks.py``.
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
@@ -172,11 +209,12 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
     if isinstance(count, str):
         from . import fused
         return fused.product(fq, fl, w3, transpose, split=_split(count))
+    count, form = _former(count)
     if not transpose:
-        return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(count, fq)])
+        return _cat_rows([form(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
     for q, w in _row_parts(count, fq, w3):
-        out = _add_product(out, _kernel(q, fl).transpose(-1, -2), w)
+        out = _add_product(out, form(q, fl).transpose(-1, -2), w)
     return out
 
 
@@ -191,8 +229,9 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
-        count (int | str): P's row chunks (``_chunk_count``); a str: the fused kernels
-            (as ``_kernel_product``).
+        count (int | str | _TritonChunks): P's row chunks (``_chunk_count``); a str:
+            the fused kernels (as ``_kernel_product``); a ``_TritonChunks``: each chunk
+            of P, and G with it, written by the Triton kernel of ``triton_chunks.py``.
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -205,17 +244,25 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         return fused.backward(fq, fl, grad, transpose, left, right, needs,
                               split=_split(count))
     need_w, need_q, need_l = needs
+    split = count.split if isinstance(count, _TritonChunks) else None  # None: library
+    count, form = _former(count)
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
     rows = (fq, left) if transpose else (fq, left, grad)  # split along P's rows
     for q, left_rows, *grad_rows in _row_parts(count, *rows):
-        P = _kernel(q, fl)  # (b, rows, m)
+        if split is not None and (need_q or need_l):  # G, and P if ∇W needs it: one pass
+            from . import triton_chunks
+            P, G = triton_chunks.kernel_and_grad(q, fl, left_rows, right, keep_p=need_w,
+                                          split=split)
+        else:
+            P = form(q, fl)  # (b, rows, m)
+            if need_q or need_l:
+                G = torch.bmm(left_rows, right.transpose(-1, -2)).mul_(P)
         if need_w and transpose:
             grad_w_rows.append(P @ grad)
         elif need_w:
             grad_w = _add_product(grad_w, P.transpose(-1, -2), grad_rows[0])
         if need_q or need_l:
-            G = torch.bmm(left_rows, right.transpose(-1, -2)).mul_(P)
             if need_q:
                 grad_fq.append(G @ fl)
             if need_l:
@@ -439,7 +486,13 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         # (same math; last bits differ, and so do long training runs).
         fm = kernel_features(lm, right=True)
         fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
-        P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
+        fq = kernel_features(qc)
+        if _triton_chunks(qc, plan):  # written by one Triton kernel
+            from . import triton_chunks
+            P = triton_chunks.kernel(_flat(fq), _flat(fl), split=_split(plan.float32_products))
+            P = P.view(*qc.shape[:-1], lc.shape[-2])
+        else:
+            P = _kernel(fq, fl)  # (..., N, m), computed once
         A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
         W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize, method,
                            plan)

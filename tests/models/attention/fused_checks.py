@@ -1,5 +1,6 @@
-"""The fused kernel products (mmsoft/models/attention/fused.py) run in Triton's
-interpreter, against float64: prints one JSON object of deviations for test_fused.py.
+"""The fused kernel products (mmsoft/models/attention/fused.py) and the kernel that writes
+P and G (triton_chunks.py) run in Triton's interpreter, against float64: prints one JSON object
+of deviations for test_fused.py.
 
 Triton decides when it is imported whether its kernels run in the interpreter, so this
 runs in a process of its own, started with TRITON_INTERPRET=1. Small sizes that are not
@@ -11,7 +12,7 @@ import torch
 
 from mmsoft.models import SOFT
 from mmsoft.models.attention import attention_plan, soft, soft_attention
-from mmsoft.models.attention import fused
+from mmsoft.models.attention import fused, triton_chunks
 from mmsoft.models.attention.fused import _row_splits
 from mmsoft.testing import relative_deviation
 from mmsoft.testing.fidelity import (gradient_deviations, output_deviations,
@@ -60,6 +61,34 @@ for transpose in (False, True):
             [dev(g, r) for g, r in zip(split, ref)]]
 
 
+# The kernel of triton_chunks.py: P and G themselves, then the library's products over 2 row
+# chunks it writes (products and backward passes as above), float32 and split
+TRITON_CHUNKS = {'float32': soft._TritonChunks(2, False), 'split': soft._TritonChunks(2, True)}
+P64 = soft._kernel(fq64, fl64)
+G64 = (left @ right.transpose(-1, -2)) * P64
+result['triton_chunks'] = dict(kernel={}, grad={}, products={}, backward={}, expanded={})
+for kind, chunks in TRITON_CHUNKS.items():
+    P = triton_chunks.kernel(fq, fl, split=chunks.split)
+    result['triton_chunks']['kernel'][kind] = dev(P, P64)
+    for keep in (True, False):
+        P, G = triton_chunks.kernel_and_grad(fq, fl, left.float(), right.float(), keep_p=keep,
+                                      split=chunks.split)
+        result['triton_chunks']['grad'][f'{kind} {keep}'] = [dev(P, P64), dev(G, G64)]
+    for transpose, w in thin.items():
+        ref = soft._kernel_product(fq64, fl64, w, 2, transpose)
+        got = soft._kernel_product(fq, fl, w.float(), chunks, transpose)
+        result['triton_chunks']['products'][f'{kind} {transpose}'] = dev(got, ref)
+    for transpose in (False, True):
+        grad = thin[not transpose]
+        for needs in ((True, True, True), (True, False, False), (False, True, False),
+                      (False, False, True)):
+            ref = soft._kernel_backward(fq64, fl64, 2, grad, transpose, left, right, needs)
+            got = soft._kernel_backward(fq, fl, chunks, grad.float(), transpose,
+                                        left.float(), right.float(), needs)
+            result['triton_chunks']['backward'][f'{kind} {transpose} {needs}'] = [
+                dev(g, r) for g, r in zip(got, ref)]
+
+
 # a gradient autograd expands from a sum (no unit stride anywhere), for both products
 result['expanded'] = {}
 for transpose in (False, True):
@@ -69,14 +98,27 @@ for transpose in (False, True):
     assert ones32.stride() == (0, 0, 0)
     got = fused.backward(fq, fl, ones32, transpose, left.float(), right.float(), (True,) * 3)
     result['expanded'][str(transpose)] = [dev(g, r) for g, r in zip(got, ref)]
+    # the same gradient through triton_chunks.py's kernel, also as a factor of ∇P (∇out·Wᵀ for
+    # P·W, W·∇outᵀ for Pᵀ·W), as one product's backward hands it over
+    w = thin[transpose]
+    lr64 = (w, ones) if transpose else (ones, w)
+    lr = (w.float(), ones32) if transpose else (ones32, w.float())
+    ref = soft._kernel_backward(fq64, fl64, 2, ones, transpose, *lr64, (True,) * 3)
+    got = soft._kernel_backward(fq, fl, TRITON_CHUNKS['float32'], ones32, transpose, *lr,
+                                (True,) * 3)
+    result['triton_chunks']['expanded'][str(transpose)] = [dev(g, r) for g, r in zip(got, ref)]
 
 
 # soft_attention, with and without gradients (the hand-over of kernel_attention's
 # backward passes: ∇P of both products)
 # the plans compared: the library's products over row chunks, the fused kernels, and the
-# fused kernels with their products with P and the iterate's float32 products split
+# fused kernels with their products with P and the iterate's float32 products split; the
+# chunks written by triton_chunks.py's kernel, its products as they are and split
 PLANS = {'chunks': dict(kernel_products='chunks'), 'fused': dict(kernel_products='fused'),
-         'fused split': dict(kernel_products='fused', float32_products='tf32x3')}
+         'fused split': dict(kernel_products='fused', float32_products='tf32x3'),
+         'triton_chunks': dict(kernel_products='triton_chunks'),
+         'triton_chunks split': dict(kernel_products='triton_chunks',
+                                     float32_products='tf32x3')}
 
 
 def layer(kind, dtype):

@@ -1,4 +1,5 @@
-"""P's products in the fused Triton kernels (``kernel_products='fused'``).
+"""P's products in the fused Triton kernels (``kernel_products='fused'``), and P and G
+written by one Triton kernel for the library's products (``kernel_products='triton_chunks'``).
 
 Without a GPU the kernels run in Triton's interpreter, which Triton selects when it is
 imported (TRITON_INTERPRET=1): ``fused_checks.py`` runs them in a process of its own and
@@ -29,6 +30,7 @@ PRODUCT_TOL = 2e-6
 LAYER_TOL = 4e-6
 # the kernels' pointer arguments (the others are ints or constants)
 FUSED_POINTERS = ('fq', 'fl', 'x', 'y', 'left', 'right', 'out', 'grad_q', 'grad_l')
+TRITON_CHUNKS_POINTERS = ('fq', 'fl', 'left', 'right', 'p', 'g')
 
 
 @pytest.fixture(scope='module')
@@ -68,9 +70,36 @@ def test_backward_takes_an_expanded_gradient(interpreted, transpose):
     assert max(devs) <= PRODUCT_TOL, devs
 
 
+@pytest.mark.parametrize('kind', ['float32', 'split'])
+def test_triton_chunks_kernel_writes_p_and_g_within_float32(interpreted, kind):
+    chunks = interpreted['triton_chunks']
+    assert chunks['kernel'][kind] <= PRODUCT_TOL, chunks['kernel']
+    p, g = chunks['grad'][f'{kind} True']
+    assert p <= PRODUCT_TOL and g <= PRODUCT_TOL, (p, g)
+    p, g = chunks['grad'][f'{kind} False']  # G alone: P not written
+    assert p is None and g <= PRODUCT_TOL, (p, g)
+
+
+@pytest.mark.parametrize('kind', ['float32', 'split'])
+def test_triton_chunks_products_and_backward(interpreted, kind):
+    # the library's products over the chunks the kernel writes, against float64
+    chunks = interpreted['triton_chunks']
+    for transpose in ('False', 'True'):
+        assert chunks['products'][f'{kind} {transpose}'] <= PRODUCT_TOL, chunks['products']
+    for case, devs in chunks['backward'].items():
+        if not case.startswith(kind):
+            continue
+        needs = eval(case.split(' ', 2)[2])
+        for i, need in enumerate(needs):
+            assert (devs[i] is None) == (not need), case
+            assert devs[i] is None or devs[i] <= PRODUCT_TOL, (case, devs)
+    for transpose, devs in chunks['expanded'].items():
+        assert max(devs) <= PRODUCT_TOL, (transpose, devs)
+
+
 def test_attention_layer_matches_float64(interpreted):
     # outputs with and without gradients, then ∇q, ∇landmarks, ∇v
-    for kind in ('fused', 'chunks', 'fused split'):
+    for kind in ('fused', 'chunks', 'fused split', 'triton_chunks', 'triton_chunks split'):
         devs = interpreted['layer'][kind]
         assert max(devs) <= LAYER_TOL, (kind, devs)
 
@@ -78,7 +107,7 @@ def test_attention_layer_matches_float64(interpreted):
 def test_backbone_keeps_the_floor(interpreted):
     # SOFT-T's four output maps and one training step's parameter gradients against the
     # float64 official order, as tools/analysis_tools/fidelity.py measures the floor
-    for kind in ('fused', 'chunks', 'fused split'):
+    for kind in ('fused', 'chunks', 'fused split', 'triton_chunks', 'triton_chunks split'):
         result = interpreted['backbone'][kind]
         assert max(result['maps']) <= OUTPUT_TOL, (kind, result)
         assert result['gradient'] <= GRADIENT_TOL, (kind, result)
@@ -93,27 +122,32 @@ def _layer_inputs(dtype=torch.float32):
 
 @pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') == '1',
                     reason="this process runs Triton's interpreter")
-def test_cpu_tensors_need_the_interpreter():
-    with attention_plan(kernel_products='fused', device='cpu'):
+@pytest.mark.parametrize('products', ['fused', 'triton_chunks'])
+@pytest.mark.parametrize('grad', [False, True])
+def test_cpu_tensors_need_the_interpreter(products, grad):
+    inputs = [t.requires_grad_(grad) for t in _layer_inputs()]
+    with attention_plan(kernel_products=products, device='cpu'):
         with pytest.raises(ValueError, match='interpreter'):
-            soft_attention(*_layer_inputs())
+            soft_attention(*inputs)
 
 
-def test_float64_runs_the_library_products():
-    # the fused kernels are float32 only: float64 keeps P's row chunks (no interpreter
+@pytest.mark.parametrize('products', ['fused', 'triton_chunks'])
+def test_float64_runs_the_library_products(products):
+    # the Triton kernels are float32 only: float64 keeps P's row chunks (no interpreter
     # needed in this process)
     inputs = _layer_inputs(torch.float64)
     ref = soft_attention(*inputs)
-    with attention_plan(kernel_products='fused', device='cpu'):
+    with attention_plan(kernel_products=products, device='cpu'):
         assert rel_err(soft_attention(*inputs), ref) < 1e-12
 
 
 @needs_one_graph_dynamo
-def test_compiled_code_runs_the_library_products():
+@pytest.mark.parametrize('products', ['fused', 'triton_chunks'])
+def test_compiled_code_runs_the_library_products(products):
     # under torch.compile P's products keep the row chunks, whatever the plan says
     inputs = _layer_inputs()
     ref = soft_attention(*inputs)
-    with attention_plan(kernel_products='fused', device='cpu'):
+    with attention_plan(kernel_products=products, device='cpu'):
         out = torch.compile(soft_attention, backend='eager', fullgraph=True)(*inputs)
     assert rel_err(out, ref) < 1e-6  # float32: measured identical, one chunk either way
 
@@ -155,3 +189,27 @@ def test_kernels_compile_for_h100_without_spills(backward, split):
         else:
             assert 'fma.rn.f32' in ptx, kernel.__name__  # the logits, the products
             assert 'tf32' not in ptx and not mma, kernel.__name__
+
+
+@needs_sm90_compiler
+@pytest.mark.parametrize('split', [False, True])
+@pytest.mark.parametrize('has_p, has_g', [(True, False), (True, True), (False, True)])
+def test_triton_chunks_kernel_compiles_for_h100_without_spills(split, has_p, has_g):
+    """The kernel that writes P (and G) compiles for sm_90 as ``triton_chunks.py`` launches it,
+    its blocks in registers (SOFT's head depth 32, ∇P's depth 64 as kernel_attention's
+    backward gives it); float32 products on the CUDA cores, or with ``split`` TF32 wgmma
+    products of split operands, as ``fused.py``'s forward programs."""
+    from mmsoft.models.attention import triton_chunks
+    options = triton_chunks.launch_options(split)
+    warps = options.pop('num_warps')
+    options.update(HAS_P=has_p, HAS_G=has_g, DP=32)
+    use, ptx = sm90_resources(triton_chunks._form, options, warps,
+                              pointers=TRITON_CHUNKS_POINTERS)
+    # two programs of 8 warps per streaming multiprocessor (measured 80-120)
+    assert use['STACK'] == 0 and use['REG'] <= 128, use
+    mma = re.findall(r'\b(?:wg)?mma\.\S*', ptx)
+    if split:
+        products = [m for m in mma if 'mma_async' in m]
+        assert products and all('.tf32.tf32' in m for m in products), set(mma)
+    else:
+        assert 'fma.rn.f32' in ptx and 'tf32' not in ptx and not mma

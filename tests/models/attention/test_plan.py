@@ -101,13 +101,14 @@ def test_bad_choices_are_refused(choices, error):
             pass
 
 
-def test_fused_products_need_triton():
+@pytest.mark.parametrize('products', ['fused', 'triton_chunks'])
+def test_triton_kernel_products_need_triton(products):
     # Triton 3 comes with PyTorch's wheels for Linux with CUDA (torch 2.1's is 2.1)
     if triton_available():
-        assert AttentionPlan(kernel_products='fused').kernel_products == 'fused'
+        assert AttentionPlan(kernel_products=products).kernel_products == products
     else:
         with pytest.raises(ValueError, match='Triton 3'):
-            AttentionPlan(kernel_products='fused')
+            AttentionPlan(kernel_products=products)
 
 
 def test_forced_plans_are_thread_local():
