@@ -89,8 +89,9 @@ def _fused(q, plan):
 
 
 def _triton_chunks(q, plan):
-    """Whether P's chunks (and G) are written by the Triton kernel of ``triton_chunks.py``: the
-    plan's ``kernel_products`` says 'triton_chunks', q is float32, and the code runs eagerly."""
+    """Whether P's chunks (and G) are written by the Triton kernel of ``triton_chunks.py``:
+    the plan's ``kernel_products`` says 'triton_chunks', q is float32, and the code runs
+    eagerly."""
     return (plan.kernel_products == 'triton_chunks' and q.dtype == torch.float32 and
             not is_compiling() and not torch.jit.is_tracing())
 
@@ -111,8 +112,8 @@ def _chunk_count(q, landmarks, plan=None):
     str: 'tf32x3' and 'fp16x3' split their products with P into TF32 ones; fp16 ones
     would need each operand's scale, which the kernels, seeing a block at a time, do not
     have: ``_split``); where the Triton kernel of ``triton_chunks.py`` writes each chunk
-    (``_triton_chunks``), the count and that split as a ``_TritonChunks``. ``plan`` None: the
-    plan in force for q's device type.
+    (``_triton_chunks``), the count and that split as a ``_TritonChunks``. ``plan`` None:
+    the plan in force for q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -136,8 +137,8 @@ def _chunk_count(q, landmarks, plan=None):
 
 def _split(products):
     """Whether the fused kernels split their products with P, and the kernel of
-    ``triton_chunks.py`` its products (``_chunk_count``; the plan's ``float32_products``): as
-    three TF32 products for 'tf32x3' and 'fp16x3'."""
+    ``triton_chunks.py`` its products (``_chunk_count``; the plan's ``float32_products``):
+    as three TF32 products for 'tf32x3' and 'fp16x3'."""
     return products != 'float32'
 
 
@@ -253,7 +254,7 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         if split is not None and (need_q or need_l):  # G, and P if ∇W needs it: one pass
             from . import triton_chunks
             P, G = triton_chunks.kernel_and_grad(q, fl, left_rows, right, keep_p=need_w,
-                                          split=split)
+                                                 split=split)
         else:
             P = form(q, fl)  # (b, rows, m)
             if need_q or need_l:
@@ -489,7 +490,8 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         fq = kernel_features(qc)
         if _triton_chunks(qc, plan):  # written by one Triton kernel
             from . import triton_chunks
-            P = triton_chunks.kernel(_flat(fq), _flat(fl), split=_split(plan.float32_products))
+            P = triton_chunks.kernel(_flat(fq), _flat(fl),
+                                     split=_split(plan.float32_products))
             P = P.view(*qc.shape[:-1], lc.shape[-2])
         else:
             P = _kernel(fq, fl)  # (..., N, m), computed once

@@ -22,11 +22,10 @@ accuracy.
 On CUDA the kernel is compiled by Triton. Elsewhere it runs only in Triton's interpreter
 (TRITON_INTERPRET=1 when Triton is imported), where the tests check it at small sizes.
 """
-import torch
 import triton
 import triton.language as tl
 
-from .fused import _dot, _kernel_block, _load, _pow2, _prepared, _interpreting
+from .fused import _dot, _interpreting, _kernel_block, _load, _pow2, _prepared
 
 __all__ = ['kernel', 'kernel_and_grad']
 
@@ -86,6 +85,7 @@ def launch_options(split):
 
 
 def _run(fq, fl, left, right, keep_p, split):
+    """``_form`` over (b, N, m): (P or None, G or None), G where ∇P's factors are given."""
     fq, fl, left, right = _prepared(fq, fl, left, right, what="triton_chunks.py's kernel")
     b, N, D = fq.shape[0], fq.shape[1], fq.shape[2] - 2
     M = fl.shape[1]
@@ -95,12 +95,13 @@ def _run(fq, fl, left, right, keep_p, split):
     stand_in = fq  # for a pointer the program does not read
     L, R = (stand_in, stand_in) if left is None else (left, right)
     p, g = (stand_in if t is None else t for t in (P, G))
+    if b * N * M == 0:  # nothing to write (an empty grid cannot be launched)
+        return P, G
     _form[(triton.cdiv(N, BLOCK_ROWS), triton.cdiv(M, BLOCK_COLS), b)](
         fq, fl, L, R, p, g, N, M, D, K, fq.stride(0), fq.stride(1), fl.stride(0),
         fl.stride(1), L.stride(0), L.stride(1), R.stride(0), R.stride(1),
         p.stride(0), p.stride(1), g.stride(0), g.stride(1), HAS_P=keep_p,
-        HAS_G=left is not None, DP=_pow2(D),
-        **launch_options(split))
+        HAS_G=left is not None, DP=_pow2(D), **launch_options(split))
     return P, G
 
 
