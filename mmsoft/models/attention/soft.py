@@ -247,14 +247,14 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
     need_w, need_q, need_l = needs
     split = count.split if isinstance(count, _TritonChunks) else None  # None: library
     count, form = _former(count)
+    if split is not None:
+        from .triton_chunks import kernel_and_grad
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
     rows = (fq, left) if transpose else (fq, left, grad)  # split along P's rows
     for q, left_rows, *grad_rows in _row_parts(count, *rows):
         if split is not None and (need_q or need_l):  # G, and P if ∇W needs it: one pass
-            from . import triton_chunks
-            P, G = triton_chunks.kernel_and_grad(q, fl, left_rows, right, keep_p=need_w,
-                                                 split=split)
+            P, G = kernel_and_grad(q, fl, left_rows, right, keep_p=need_w, split=split)
         else:
             P = form(q, fl)  # (b, rows, m)
             if need_q or need_l:
@@ -263,11 +263,10 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
             grad_w_rows.append(P @ grad)
         elif need_w:
             grad_w = _add_product(grad_w, P.transpose(-1, -2), grad_rows[0])
-        if need_q or need_l:
-            if need_q:
-                grad_fq.append(G @ fl)
-            if need_l:
-                grad_fl = _add_product(grad_fl, G.transpose(-1, -2), q)
+        if need_q:
+            grad_fq.append(G @ fl)
+        if need_l:
+            grad_fl = _add_product(grad_fl, G.transpose(-1, -2), q)
     if grad_w_rows:
         grad_w = _cat_rows(grad_w_rows)
     grad_q = _features_grad(_cat_rows(grad_fq), fq) if need_q else None

@@ -25,7 +25,7 @@ On CUDA the kernel is compiled by Triton. Elsewhere it runs only in Triton's int
 import triton
 import triton.language as tl
 
-from .fused import _dot, _interpreting, _kernel_block, _load, _pow2, _prepared
+from .fused import _dot, _interpreting, _kernel_block, _load, _pointers, _pow2, _prepared
 
 __all__ = ['kernel', 'kernel_and_grad']
 
@@ -92,16 +92,12 @@ def _run(fq, fl, left, right, keep_p, split):
     K = 0 if left is None else left.shape[-1]
     P = fq.new_empty(b, N, M) if keep_p else None
     G = None if left is None else fq.new_empty(b, N, M)
-    stand_in = fq  # for a pointer the program does not read
-    L, R = (stand_in, stand_in) if left is None else (left, right)
-    p, g = (stand_in if t is None else t for t in (P, G))
     if b * N * M == 0:  # nothing to write (an empty grid cannot be launched)
         return P, G
+    tensors, strides = _pointers(fq, fq, fl, left, right, P, G)
     _form[(triton.cdiv(N, BLOCK_ROWS), triton.cdiv(M, BLOCK_COLS), b)](
-        fq, fl, L, R, p, g, N, M, D, K, fq.stride(0), fq.stride(1), fl.stride(0),
-        fl.stride(1), L.stride(0), L.stride(1), R.stride(0), R.stride(1),
-        p.stride(0), p.stride(1), g.stride(0), g.stride(1), HAS_P=keep_p,
-        HAS_G=left is not None, DP=_pow2(D), **launch_options(split))
+        *tensors, N, M, D, K, *strides, HAS_P=keep_p, HAS_G=left is not None,
+        DP=_pow2(D), **launch_options(split))
     return P, G
 
 
