@@ -27,7 +27,9 @@ KERNEL_BOUND = 1e-3
 # off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's plan's). ``PLAN_PATHS`` are
 # those a plan may take; the others are measured alternatives that miss
 # ``KERNEL_BOUND`` on some hard kernels (float32 eigh on near-rank-1 ones, every step
-# applied to the thin matrix near the boundary).
+# applied to the thin matrix near the boundary, the products made as symmetric results
+# on duplicated ones with TF32 steps), or deviate there far more than the whole
+# products (the same in float32).
 _CUDA = PLANS['cuda']
 PINV_PATHS = {
     'iterative': dict(method='iterative'),
@@ -43,6 +45,10 @@ PINV_PATHS = {
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
         thin_steps=_CUDA.tf32_float32_steps[1], float32_products='tf32x3'),
     'tf32x3': dict(method='tf32x3'),
+    "tf32, CUDA's plan, symmetric products": dict(
+        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
+        thin_steps=_CUDA.tf32_float32_steps[1], symmetric_blocks=2),
+    'iterative, symmetric products': dict(method='iterative', symmetric_blocks=2),
     'iterative, thin': dict(method='iterative', thin_steps=20),
     'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
     'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),

@@ -107,11 +107,11 @@ TRIDIAGONAL_MIN_ITERS = 20
 
 
 def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to',
-                       float32_products='float32', tf32_products='tf32'):
+                       float32_products='float32', tf32_products='tf32', symmetric_blocks=1):
     """The options of how an iterate is computed besides its method (``newton_pinv``'s
     arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
-    pad_to, float32_products, tf32_products}. ``pad_name`` names the padding in the
-    error (the argument or the plan's field)."""
+    pad_to, float32_products, tf32_products, symmetric_blocks}. ``pad_name`` names the
+    padding in the error (the argument or the plan's field)."""
     if float32_products not in FLOAT32_PRODUCTS:
         raise ValueError(f'float32_products must be one of {FLOAT32_PRODUCTS}, got '
                          f'{float32_products!r}')
@@ -127,8 +127,17 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
                          f'and after the TF32 ones), got {steps!r}')
     if not isinstance(pad_to, int) or pad_to < 1:
         raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
+    if (not isinstance(symmetric_blocks, int) or isinstance(symmetric_blocks, bool)
+            or symmetric_blocks < 1):
+        raise ValueError(f'symmetric_blocks must be an int >= 1 (1: whole products), got '
+                         f'{symmetric_blocks!r}')
+    if symmetric_blocks > 1 and (float32_products, tf32_products) != ('float32', 'tf32'):
+        raise ValueError("symmetric_blocks > 1 takes the library's products "
+                         "(float32_products='float32', tf32_products='tf32'), got "
+                         f'{float32_products!r} and {tf32_products!r}')
     return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to,
-                float32_products=float32_products, tf32_products=tf32_products)
+                float32_products=float32_products, tf32_products=tf32_products,
+                symmetric_blocks=symmetric_blocks)
 
 
 def check_spectral_inference(spectral_inference):
@@ -359,7 +368,70 @@ def _split_kernel(a):
             and not torch.jit.is_tracing())
 
 
-def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
+# ``symmetric_blocks`` > 1 (``_symmetric_baddbmm``): the row blocks start at multiples of
+# this many rows where each block has at least twice as many (the tiles of tensor-core
+# products are 64 to 256 wide)
+SYMMETRIC_ALIGN = 64
+
+
+def _row_blocks(m, blocks, align=None):
+    """[(r0, r1), ...]: m rows in at most ``blocks`` blocks of about equal height, each
+    starting at a multiple of ``align`` (None: ``SYMMETRIC_ALIGN`` where m has
+    2·``SYMMETRIC_ALIGN`` rows per block, else 1)."""
+    if align is None:
+        align = SYMMETRIC_ALIGN if m >= 2 * SYMMETRIC_ALIGN * blocks else 1
+    cuts = sorted({i * m // blocks // align * align for i in range(blocks)} | {m})
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _symmetric_baddbmm(c, a, b, beta=1., alpha=1., blocks=1):
+    """β·c + α·(a·b) (α·(a·b) for c None) for a (B, m, k), b (B, k, m) whose result is
+    symmetric in exact arithmetic, made by the library's products on or above the
+    diagonal's blocks only (``symmetric_blocks``; a measured alternative, in no plan).
+
+    Every product of the iteration is symmetric in exact arithmetic: A and V_k are
+    symmetric and polynomials in A, so A·V_k = V_k·A is, and so are V_k·(A·V_k)
+    (Alg. 2's step), 2V - V·X and X_k². With the m rows in ``blocks`` row blocks
+    [r0, r1) (``_row_blocks``), each block is one product from column r0 on,
+    (blocks + 1)/(2·blocks) of the flops (3/4 for 2 blocks), and the blocks below the
+    diagonal are copies of those above it, transposed. ``blocks`` = 1, and compiled or
+    traced code: the whole product. c is read on or above the diagonal's blocks only.
+
+    Why no plan takes it: in floating point the two triangles of such a product are
+    different sums (entry (i, j) of A·V sums A[i, l]·V[l, j], entry (j, i) A[j, l]·V[l, i]),
+    and copying one of them breaks what whole products keep exactly. Where two landmarks
+    coincide, whole products keep their rows and columns of every iterate equal to the
+    bit, so the iterate never moves in the kernel's null direction between them; the
+    copied triangle puts a rounding error there, which each later step doubles (a
+    Newton step doubles what lies in A's null space). On duplicated landmarks
+    (``mmsoft.testing.hard_landmarks``, m = 64), CUDA's 'tf32' schedule ends 2.7e-3 from
+    the float64 iterate with every product made so, against 1.2e-6 with whole ones
+    (bound 1e-3); the float32 iterate 4.6e-6 against 4.8e-7
+    (docs/en/notes/numerics.md).
+    """
+    if c is not None and beta == 0:
+        c = None
+    if blocks == 1 or is_compiling() or torch.jit.is_tracing():  # whole (graphs: no views)
+        if c is None:
+            return a @ b if alpha == 1 else (a @ b).mul_(alpha)
+        return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
+    out = a.new_empty(a.shape[0], a.shape[1], b.shape[-1])
+    cuts = _row_blocks(a.shape[1], blocks)
+    for r0, r1 in cuts:
+        view = out[:, r0:r1, r0:]
+        if c is None:
+            torch.bmm(a[:, r0:r1], b[:, :, r0:], out=view)
+            if alpha != 1:
+                view.mul_(alpha)
+        else:
+            torch.baddbmm(c[:, r0:r1, r0:], a[:, r0:r1], b[:, :, r0:], beta=beta,
+                          alpha=alpha, out=view)
+    for r0, r1 in cuts[:-1]:
+        out[:, r1:, r0:r1].copy_(out[:, r0:r1, r1:].transpose(-1, -2))
+    return out
+
+
+def _matmul(c, a, b, beta=1., alpha=1., precision='float32', blocks=1):
     """β·c + α·(a·b) (α·(a·b) for c None), a (B, m, k), b (B, k, n), with the product in
     ``precision``: 'float32' (the library's product in a's dtype), 'tf32x3' (three TF32
     products of split operands: on CUDA one Triton kernel, ``iterate_matmul.baddbmm``, or
@@ -367,11 +439,11 @@ def _matmul(c, a, b, beta=1., alpha=1., precision='float32'):
     operands and their remainders rounded by ``round_tf32``) or 'fp16x3' (three fp16
     products of split, scaled operands: on CUDA ``iterate_matmul``, without it as
     'tf32x3'; elsewhere emulated, ``_split_fp16``). Tensor cores round float32 operands
-    only: float64 runs in float64."""
+    only: float64 runs in float64. ``blocks`` > 1 (the library's products only): a
+    product symmetric in exact arithmetic made on or above the diagonal's blocks only
+    (``_symmetric_baddbmm``)."""
     if precision not in ('tf32x3', 'fp16x3') or a.dtype != torch.float32:
-        if c is None:
-            return a @ b if alpha == 1 else (a @ b).mul_(alpha)
-        return torch.baddbmm(c, a, b, beta=beta, alpha=alpha)
+        return _symmetric_baddbmm(c, a, b, beta, alpha, blocks)
     if _split_kernel(a):
         from .iterate_matmul import baddbmm
         out = baddbmm(c, a, b, beta=beta, alpha=alpha, precision=precision)
@@ -419,7 +491,7 @@ def _newton_steps_fp16(A, V, steps, precision='fp16', gemm=None):
     return V
 
 
-def _newton_steps(A, V, steps, precision='float32'):
+def _newton_steps(A, V, steps, precision='float32', blocks=1):
     """``steps`` steps V ← 2V - V·(A·V) (Alg. 2) with products in ``precision``:
     'float32' (A's dtype), 'tf32' (TF32 tensor-core products on CUDA; elsewhere emulated,
     the operands rounded to TF32 by ``round_tf32``), 'fp16' (TF32's rounding from fp16
@@ -431,13 +503,17 @@ def _newton_steps(A, V, steps, precision='float32'):
     ``_split_fp16``). Tensor cores round float32 operands only: a float64 A
     runs every step in float64.
 
-    A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for 2V - V·AV).
+    ``blocks`` > 1 ('float32' and 'tf32' only): every product made on or above the
+    diagonal's blocks only, the rest copied (``_symmetric_baddbmm``): A symmetric,
+    V₀ = αA. A, V: (b, m, m) with one flat batch dimension (baddbmm: one launch for
+    2V - V·AV).
     """
     if steps <= 0:
         return V
     if precision == 'float32' or A.dtype != torch.float32:
         for _ in range(steps):
-            V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
+            X = _symmetric_baddbmm(None, A, V, blocks=blocks)
+            V = _symmetric_baddbmm(V, V, X, beta=2, alpha=-1, blocks=blocks)
         return V
     if precision in ('fp16', 'fp16x3') and _split_kernel(A):
         return _newton_steps_fp16(A, V, steps, precision)
@@ -453,7 +529,7 @@ def _newton_steps(A, V, steps, precision='float32'):
             return _newton_steps_split(A, V, steps)
     if A.device.type in ('cuda', 'meta'):  # meta: what CUDA runs (operator counts)
         with _cuda_tf32_matmuls():  # 'fp16' without the kernel: the same rounding
-            return _newton_steps(A, V, steps)
+            return _newton_steps(A, V, steps, blocks=blocks)
     # Emulation: the operands of every product rounded to TF32 (``round_tf32``, as the
     # tensor cores do; or as the fp16 products do, ``round_fp16_scaled``), float32
     # accumulation.
@@ -461,7 +537,8 @@ def _newton_steps(A, V, steps, precision='float32'):
     A = rounded(A)
     for _ in range(steps):
         Vt = rounded(V)
-        V = torch.baddbmm(V, Vt, rounded(A @ Vt), beta=2, alpha=-1)
+        X = rounded(_symmetric_baddbmm(None, A, Vt, blocks=blocks))
+        V = _symmetric_baddbmm(V, Vt, X, beta=2, alpha=-1, blocks=blocks)
     return V
 
 
@@ -846,7 +923,7 @@ class _NewtonInverse:
         for steps, precision in _schedule(method, iters, options['tf32_float32_steps'],
                                           options['float32_products'],
                                           options['tf32_products']):
-            V = _newton_steps(A3, V, steps, precision)
+            V = _newton_steps(A3, V, steps, precision, options['symmetric_blocks'])
         return cls(method, V[:, :m, :m].reshape(A.shape))
 
     def matrix(self, dtype):
@@ -936,11 +1013,11 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
         left -= cut
         formed.insert(0, (count - cut, precision))
     for count, precision in formed:
-        V = _newton_steps(A3, V, count, precision)
+        V = _newton_steps(A3, V, count, precision, options['symmetric_blocks'])
     return A3, V, Z3
 
 
-def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
+def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32', blocks=1):
     """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps after V
     (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 = A·V,
     X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps by Horner's rule,
@@ -949,7 +1026,9 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
     one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n). The m×m products (X_0 and
     the X_k) in ``precision`` (``_matmul``; 'fp16x3' through ``iterate_matmul`` with
     each X_k's max |entry| from the product that made it, its square's scale, and X_k
-    converted once for both sides of its square), the thin ones in float32.
+    converted once for both sides of its square), the thin ones in float32; where
+    ``blocks`` > 1 (float32 products) on or above the diagonal's blocks only
+    (``_symmetric_baddbmm``).
 
     The steps stay in X's form: where X_k is small (directions not yet converged) its
     relative rounding stays that of one product per step, where squaring R = I - X_k
@@ -963,14 +1042,14 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32'):
         from .iterate_matmul import baddbmm
         X, x_max = baddbmm(None, A3, V, precision=precision)  # X_0, one m×m product
     else:
-        X = _matmul(None, A3, V, precision=precision)
+        X = _matmul(None, A3, V, precision=precision, blocks=blocks)
     for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
         if k + 1 < steps and fp16:
             X, x_max = baddbmm(X, X, X, beta=2, alpha=-1, precision=precision,
                                amaxes=(x_max, x_max))
         elif k + 1 < steps:
-            X = _matmul(X, X, X, beta=2, alpha=-1, precision=precision)
+            X = _matmul(X, X, X, beta=2, alpha=-1, precision=precision, blocks=blocks)
     if h:
         R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
         T = W
@@ -1022,10 +1101,11 @@ class _NewtonPinvThin(torch.autograd.Function):
         m = A.shape[-1]
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
         h = _horner_steps(steps, A3.shape[-1], Z3.shape[-1], A3.shape[0]) if horner else 0
-        precision = options['float32_products']
-        W = V @ _thin_apply(A3, V, steps, Z3, h, precision=precision)
+        precision, blocks = options['float32_products'], options['symmetric_blocks']
+        W = V @ _thin_apply(A3, V, steps, Z3, h, precision=precision, blocks=blocks)
         W = W[:, :m].reshape(Z.shape)
         ctx.steps, ctx.pad_to, ctx.h, ctx.precision = steps, options['pad_to'], h, precision
+        ctx.blocks = blocks
         ctx.save_for_backward(A, V, W)
         return W
 
@@ -1035,7 +1115,7 @@ class _NewtonPinvThin(torch.autograd.Function):
         m = A.shape[-1]
         A3, G3 = _flat_padded(A, grad_W, ctx.pad_to)
         grad_Z = _thin_apply(A3, V, ctx.steps, V.transpose(-1, -2) @ G3, ctx.h,
-                             transpose=True, precision=ctx.precision)
+                             transpose=True, precision=ctx.precision, blocks=ctx.blocks)
         grad_Z = grad_Z[:, :m].reshape(grad_W.shape)
         return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None, None, None, None
 
@@ -1081,7 +1161,7 @@ class _NewtonPinvApply(torch.autograd.Function):
 
 def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtype=EIGH_DTYPE,
                 tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1, float32_products='float32',
-                tf32_products='tf32'):
+                tf32_products='tf32', symmetric_blocks=1):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -1113,13 +1193,20 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
             library's TF32 products) or 'fp16' (the same rounding from fp16 tensor
             cores, operands scaled by powers of two: ``iterate_matmul``,
             ``round_fp16_scaled``).
+        symmetric_blocks (int): 1 (whole products), or 'iterative''s and 'tf32''s m×m
+            products (the library's: ``float32_products='float32'``,
+            ``tf32_products='tf32'``) made on or above the diagonal's blocks only, in
+            this many row blocks, the rest copied: (k + 1)/(2k) of the flops for k
+            blocks. A measured alternative that no plan takes: on duplicated landmarks
+            it moves the iterate off the hard-kernel bound (``_symmetric_baddbmm``).
     Returns:
         Tensor: (..., m, m) in A's floating dtype promoted to at least float32.
     """
     _check_method(method, iters)
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
                                  float32_products=float32_products,
-                                 tf32_products=tf32_products)
+                                 tf32_products=tf32_products,
+                                 symmetric_blocks=symmetric_blocks)
     with torch.autocast(device_type=device_type(A), enabled=False):
         return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
                                  options)
@@ -1127,8 +1214,8 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
 
 def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
-                      float32_products='float32', tf32_products='tf32', thin_steps=0,
-                      spectral_inference='eigh'):
+                      float32_products='float32', tf32_products='tf32', symmetric_blocks=1,
+                      thin_steps=0, spectral_inference='eigh'):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -1140,8 +1227,9 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         A (Tensor): (..., m, m), float32 or float64.
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
-        eigh_dtype, tf32_float32_steps, pad_to, float32_products, tf32_products: as in
-            ``newton_pinv`` (the thin steps' X_k in ``float32_products`` too).
+        eigh_dtype, tf32_float32_steps, pad_to, float32_products, tf32_products,
+            symmetric_blocks: as in ``newton_pinv`` (the thin steps' X_k in
+            ``float32_products``, and by ``symmetric_blocks``, too).
         thin_steps (int): this many of the float32 steps that end the iteration run on
             the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
             most 'tf32''s last float32 steps, every step of 'iterative';
@@ -1159,7 +1247,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     _check_method(method, iters)
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
                                  float32_products=float32_products,
-                                 tf32_products=tf32_products)
+                                 tf32_products=tf32_products,
+                                 symmetric_blocks=symmetric_blocks)
     thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)

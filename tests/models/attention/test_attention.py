@@ -495,6 +495,50 @@ def test_the_measured_alternatives_miss_the_bound():
     assert out['bound'] < out['iterative, thin inference'] < float('inf')
 
 
+def test_symmetric_products_move_duplicated_landmarks():
+    """Why no plan makes the iterate's products as symmetric results (one triangle
+    computed, the other copied: ``newton._symmetric_baddbmm``). On duplicated
+    landmarks whole products keep the iterate out of the kernel's null direction
+    between the twins; the copied triangle's rounding puts error there, which each later
+    step doubles. Measured in inference on seeds 0-3 at m = 64 and 196 (`python
+    tools/analysis_tools/pinv_accuracy.py --kinds duplicated --seeds 0 1 2 3`, 2 row
+    blocks): CUDA's 'tf32' schedule 5.1e-4-2.7e-3, over the bound in 3 of the 8 (whole
+    products 6.8e-7-1.8e-5); the float32 iterate 7.3e-7-5.1e-6 (whole 3.6e-7-1.1e-6).
+    Seed 0, m = 64: 2.7e-3 against 1.2e-6, and 5.1e-6 against 4.8e-7; finite."""
+    paths = ("tf32, CUDA's plan, last steps thin", "tf32, CUDA's plan, symmetric products",
+             'iterative', 'iterative, symmetric products')
+    out = pinv_accuracy('duplicated', 64, paths=paths)
+    assert out["tf32, CUDA's plan, last steps thin inference"] < 1e-2 * out['bound']
+    assert out['bound'] < out["tf32, CUDA's plan, symmetric products inference"] < 1e-2
+    assert (out['iterative, symmetric products inference']
+            > 4 * out['iterative inference'])
+
+
+def test_symmetric_products_copy_one_triangle():
+    """``symmetric_blocks`` > 1: each row block [r0, r1) of a product known symmetric
+    from column r0 on, the blocks below the diagonal copies of those above (equal), the
+    rest within float32's rounding of the whole product (the triangles of A·V are
+    different sums); (k + 1)/(2k) of the flops for k blocks."""
+    from mmsoft.models.attention.newton import _row_blocks, _symmetric_baddbmm
+    assert _row_blocks(1056, 2) == [(0, 512), (512, 1056)]  # multiples of 64
+    assert _row_blocks(1056, 4) == [(0, 256), (256, 512), (512, 768), (768, 1056)]
+    assert _row_blocks(40, 2) == [(0, 20), (20, 40)]  # small: every row
+    A = gaussian_kernel_matrix(150, batch=(3, ), scale=0.3, dtype=torch.float32)
+    V = newton_alpha(A).reshape(-1, 1, 1) * A
+    for c, beta, alpha in ((None, 1., 1.), (V, 2., -1.), (None, 1., 0.5)):
+        whole = alpha * (A @ V) if c is None else torch.baddbmm(c, A, V, beta=beta,
+                                                                 alpha=alpha)
+        for blocks in (2, 3):
+            out = _symmetric_baddbmm(c, A, V, beta, alpha, blocks)
+            assert relative_deviation(out, whole.double()) < 1e-6, (blocks, beta)
+            for r0, r1 in _row_blocks(150, blocks)[:-1]:
+                assert torch.equal(out[:, r1:, r0:r1], out[:, r0:r1, r1:].transpose(1, 2))
+    with pytest.raises(ValueError, match='symmetric_blocks must be an int >= 1'):
+        newton_pinv(A, symmetric_blocks=0)
+    with pytest.raises(ValueError, match="symmetric_blocks > 1 takes the library's"):
+        newton_pinv(A, symmetric_blocks=2, float32_products='tf32x3')
+
+
 def test_mixed_eigh_keeps_the_bound_where_float32_eigh_misses_it():
     """'mixed' splits off the Perron pair in float64 where it has converged (near-rank-1
     landmarks: float32 eigh alone 1.6e-3-3.4e-3, over the bound) and decomposes in
