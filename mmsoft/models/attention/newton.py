@@ -406,7 +406,7 @@ def _symmetric_baddbmm(c, a, b, beta=1., alpha=1., blocks=1):
     Newton step doubles what lies in A's null space). On duplicated landmarks
     (``mmsoft.testing.hard_landmarks``, m = 64), CUDA's 'tf32' schedule ends 2.7e-3 from
     the float64 iterate with every product made so, against 1.2e-6 with whole ones
-    (bound 1e-3); the float32 iterate 4.6e-6 against 4.8e-7
+    (bound 1e-3); the float32 iterate 5.1e-6 against 4.8e-7; 2 row blocks
     (docs/en/notes/numerics.md).
     """
     if c is not None and beta == 0:
