@@ -374,12 +374,11 @@ def _split_kernel(a):
 SYMMETRIC_ALIGN = 64
 
 
-def _row_blocks(m, blocks, align=None):
+def _row_blocks(m, blocks):
     """[(r0, r1), ...]: m rows in at most ``blocks`` blocks of about equal height, each
-    starting at a multiple of ``align`` (None: ``SYMMETRIC_ALIGN`` where m has
-    2·``SYMMETRIC_ALIGN`` rows per block, else 1)."""
-    if align is None:
-        align = SYMMETRIC_ALIGN if m >= 2 * SYMMETRIC_ALIGN * blocks else 1
+    starting at a multiple of ``SYMMETRIC_ALIGN`` where m has twice that many rows per
+    block (else anywhere)."""
+    align = SYMMETRIC_ALIGN if m >= 2 * SYMMETRIC_ALIGN * blocks else 1
     cuts = sorted({i * m // blocks // align * align for i in range(blocks)} | {m})
     return list(zip(cuts[:-1], cuts[1:]))
 
@@ -409,8 +408,6 @@ def _symmetric_baddbmm(c, a, b, beta=1., alpha=1., blocks=1):
     (bound 1e-3); the float32 iterate 5.1e-6 against 4.8e-7; 2 row blocks
     (docs/en/notes/numerics.md).
     """
-    if c is not None and beta == 0:
-        c = None
     if blocks == 1 or is_compiling() or torch.jit.is_tracing():  # whole (graphs: no views)
         if c is None:
             return a @ b if alpha == 1 else (a @ b).mul_(alpha)
