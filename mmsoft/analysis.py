@@ -178,7 +178,10 @@ def newton_boundary(model, x, iters=20, near=1.9):
         going the other way, min |‖I - α_j·A²‖₁ - 1.01| over the candidates α_j of
         ``newton_alpha`` and the kernels (float64, of the kernel in the landmarks'
         dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
-        another order of sums can decide the other way).
+        another order of sums can decide the other way); ``first_step_bound``: the
+        largest bound on αλ² of any kernel that ``tf32_first_steps='guarded'`` decides
+        by (``newton.first_steps_needed``: at most 1, the layer's 'tf32' iterate takes
+        no first float32 step).
     """
     out = {}
     for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
@@ -188,9 +191,11 @@ def newton_boundary(model, x, iters=20, near=1.9):
         xs = alpha * torch.linalg.eigvalsh(A).pow(2)  # αλ², (..., m)
         shortfall = torch.exp(float(2**iters) * torch.log((1 - xs).abs().clamp_min(1e-300)))
         upper = torch.where(xs > 1, shortfall, torch.zeros_like(shortfall))
+        bound = (alpha * (A @ A.sum(-1, keepdim=True)).squeeze(-1)).amax().item()
         out[name] = dict(m=A.shape[-1], near_share=(xs >= near).double().mean().item(),
                          max_alpha_lambda2=xs.max().item(),
-                         worst_shortfall=upper.max().item(), alpha_margin=margin)
+                         worst_shortfall=upper.max().item(), alpha_margin=margin,
+                         first_step_bound=bound)
     return out
 
 

@@ -116,7 +116,8 @@ PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
                   'triton_chunks': dict(kernel_products='triton_chunks'),
                   'tf32x3': dict(float32_products='tf32x3'),
                   'fp16x3': dict(float32_products='fp16x3'),
-                  'fp16': dict(tf32_products='fp16')}
+                  'fp16': dict(tf32_products='fp16'),
+                  'guarded': dict(tf32_first_steps='guarded')}
 
 
 def path_plan(name, device):
@@ -157,6 +158,9 @@ def path_plan(name, device):
       +fp16                   'tf32''s TF32 products from fp16 tensor cores, operands
                               scaled by powers of two (``tf32_products='fp16'``: made
                               as +fp16x3's on CUDA, emulated elsewhere)
+      +guarded                'tf32''s first float32 steps only for a batch of kernels
+                              that may sit near the step size's boundary, else TF32
+                              steps (``tf32_first_steps='guarded'``)
     """
     from mmsoft.models.attention import PLANS, plan_for
     base = plan_for(torch.device(device).type)

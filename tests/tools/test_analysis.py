@@ -161,6 +161,7 @@ def test_newton_convergence_tool(tmp_path, fixture_configs):
     assert len(boundary) == 4 * 2 == len(res['boundary'])
     assert all(0 < float(r['max_alpha_lambda2']) <= 2 + 1e-9
                and 0 <= float(r['worst_shortfall']) <= 1 for r in boundary)
+    assert all(float(r['first_step_bound']) >= float(r['max_alpha_lambda2']) for r in boundary)
     fig, fig2 = res['figures']
     assert len(fig.axes[0].get_lines()) == 4 and len(fig2.axes[0].get_lines()) == 2
     assert (tmp_path / 'convergence.png').exists() and (tmp_path / 'inverse_norm.png').exists()
@@ -351,6 +352,11 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
     assert res['far']['worst_shortfall'] > 0.1  # the iterate misses 1/λ by > 10 %
     assert res['near']['max_alpha_lambda2'] < 1.9 and res['near']['near_share'] == 0
     assert res['near']['worst_shortfall'] < 1e-6
+    # the guard of 'tf32''s first float32 step: a bound on αλ², above the largest one;
+    # above 1 (the step runs) far apart, at most 1 (let off) close together
+    for r in res.values():
+        assert r['first_step_bound'] >= r['max_alpha_lambda2']
+    assert res['far']['first_step_bound'] > 1 >= res['near']['first_step_bound']
 
 
 def test_newton_boundary_finds_a_tie_in_alphas_choice(monkeypatch):

@@ -14,12 +14,13 @@ runs. The steps, by part (one call of a lent GPU machine each):
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
-                 (FORMED)
+                 (FORMED) and with its first float32 step guarded (GUARDED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, FUSED, SPLIT, both, FP16, FP16_SPLIT, ALL_KERNELS,
+                 FORMED, GUARDED, FUSED, SPLIT, both, FP16, FP16_SPLIT, ALL_KERNELS,
                  TRITON_CHUNKS and TRITON_FP16_SPLIT (SPEED_PATHS, --soft-plans): what
                  CUDA's plan gains on this GPU, what its thin steps gain in inference
-                 and training, and what the fused kernel products, P written by one
+                 and training, what the first float32 step costs where no kernel needs
+                 it, and what the fused kernel products, P written by one
                  Triton kernel, the split float32 products and the products on fp16
                  tensor cores gain
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
@@ -121,16 +122,21 @@ ALL_KERNELS = 'fused+fp16+fp16x3'
 # products split that kernel's products too)
 TRITON_CHUNKS = 'default+triton_chunks'
 TRITON_FP16_SPLIT = 'default+triton_chunks+fp16+fp16x3'
+# CUDA's plan with its first float32 step only for a batch of kernels that may sit near
+# the step size's boundary (tf32_first_steps='guarded'; SOFT-S's kernels on real images
+# sit far from it: TF32 steps instead, 2 fewer float32 m×m products per layer)
+GUARDED = 'default+guarded'
 # the paths that need Triton's kernels on CUDA (``command`` leaves them out elsewhere)
 TRITON_MODIFIERS = ('fused', 'triton_chunks')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, FUSED, SPLIT, FUSED_SPLIT,
-                     FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, FUSED, SPLIT,
+                     FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS,
+                     TRITON_FP16_SPLIT])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS,
+# default), FORMED, GUARDED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS,
 # TRITON_CHUNKS and TRITON_FP16_SPLIT
-SPEED_PATHS = ('iterative', FORMED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
+SPEED_PATHS = ('iterative', FORMED, GUARDED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
                ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
@@ -144,7 +150,7 @@ STEPS = {
                'way'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
-                                          'iterative', 'default', FORMED],
+                                          'iterative', 'default', FORMED, GUARDED],
                      "the floor at 640x640, where a tie in α's choice moved the cat "
                      "photo's maps on CUDA (docs/en/notes/numerics.md)"),
     'fp32': ('base', 'benchmark', ['--sections', 'speed,train', '--soft-plans', *SPEED_PATHS],

@@ -12,7 +12,9 @@
   shrink the attention output; the iterate is the official one either way. Also how
   near α's choice came to going the other way (``alpha_margin``: a margin within
   float32 rounding, ~1e-7, is a tie, which α's float64 test decides as the float64
-  reference does).
+  reference does), and the bound on αλ² by which the plan option
+  ``tf32_first_steps='guarded'`` lets a layer off 'tf32''s first float32 step
+  (``first_step_bound``: at most 1).
 
 Examples:
   # after bash scripts/quickstart.sh: its SOFT-Tiny on mini-set images
@@ -94,6 +96,7 @@ def main(argv=None):
     from tqdm import tqdm
 
     from mmsoft import analysis
+    from mmsoft.models.attention.newton import FIRST_STEP_BOUND
     args = build_parser().parse_args(argv)
     cli.setup_logging()
 
@@ -116,7 +119,7 @@ def main(argv=None):
         for layer, r in analysis.newton_boundary(model, x, args.iters).items():
             boundary_rows.append((layer, name, r['m'], r['near_share'],
                                   r['max_alpha_lambda2'], r['worst_shortfall'],
-                                  r['alpha_margin']))
+                                  r['alpha_margin'], r['first_step_bound']))
     with open(osp.join(args.out_dir, 'convergence.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'landmarks', 'iteration', 'relative_error'])
@@ -130,7 +133,8 @@ def main(argv=None):
     with open(osp.join(args.out_dir, 'boundary.csv'), 'w', newline='') as f:
         w = csv.writer(f)
         w.writerow(['layer', 'image', 'landmarks', 'share_alpha_lambda2_ge_1.9',
-                    'max_alpha_lambda2', 'worst_shortfall', 'alpha_margin'])
+                    'max_alpha_lambda2', 'worst_shortfall', 'alpha_margin',
+                    'first_step_bound'])
         w.writerows(boundary_rows)
     worst = max(boundary_rows, key=lambda r: r[5])
     print(f'convergence boundary: largest αλ² {max(r[4] for r in boundary_rows):.3f}, '
@@ -140,6 +144,11 @@ def main(argv=None):
     tie = min(boundary_rows, key=lambda r: r[6])
     print(f"α's choice: smallest margin {tie[6]:.1e} from its bound ({tie[0]}, {tie[1]}; "
           'within float32 rounding, ~1e-7, another order of sums could choose another α)')
+    guarded = sum(r[7] <= FIRST_STEP_BOUND for r in boundary_rows)
+    print(f"the first float32 step of 'tf32' with tf32_first_steps='guarded': let off in "
+          f'{guarded} of {len(boundary_rows)} layer/image pairs (largest bound on αλ² '
+          f'{max(r[7] for r in boundary_rows):.3g}; at most {FIRST_STEP_BOUND:g} lets a layer '
+          'off)')
 
     # Fig. 5b ------------------------------------------------------------------------
     norm_rows = []

@@ -17,8 +17,10 @@ same T-step iterate Y (``PINV_METHODS``); they differ in cost per device:
                  steps: ``tf32_float32_steps`` = (first, last) float32 steps. The first
                  float32 step keeps eigenvalues on the step size's boundary (αλ² ≈ 2,
                  near-identity kernels) from being pushed over it by TF32 rounding,
-                 where the iterate diverges; the last ones correct the TF32 rounding in
-                 the converged directions (``_schedule``). Off CUDA the TF32 rounding is
+                 where the iterate diverges (``tf32_first_steps='guarded'``: only for
+                 batches with a kernel that may sit there, ``first_steps_needed``); the
+                 last ones correct the TF32 rounding in the converged directions
+                 (``_schedule``). Off CUDA the TF32 rounding is
                  emulated (``round_tf32``, to nearest, as an H200's tensor cores were
                  measured to round; slow, for checking numerics).
     'tf32x3'     the iteration with every float32 product made of three TF32 products of
@@ -91,6 +93,13 @@ THIN_STEP_METHODS = ('iterative', 'tf32')
 # otherwise; the measurements behind them are beside the plans in ``plan.py``).
 EIGH_DTYPE = 'float64'
 TF32_FLOAT32_STEPS = (1, 8)
+TF32_FIRST_STEPS = 'always'
+# Whether 'tf32''s first float32 steps run for every batch of kernels ('always') or only
+# where a kernel of the batch may sit near the step size's boundary ('guarded',
+# ``first_steps_needed``): a kernel is let off them where α·λ² ≤ FIRST_STEP_BOUND is
+# proven for all its eigenvalues, half the boundary's 2.
+TF32_FIRST_STEPS_CHOICES = ('always', 'guarded')
+FIRST_STEP_BOUND = 1.
 EIGH_DTYPES = ('float64', 'float32', 'mixed')
 # 'mixed' (``_mixed_spectral_factors``): power-iteration steps for the Perron eigenpair,
 # and the largest first-order error estimate a float32 decomposition may have.
@@ -107,11 +116,12 @@ TRIDIAGONAL_MIN_ITERS = 20
 
 
 def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to',
-                       float32_products='float32', tf32_products='tf32', symmetric_blocks=1):
+                       float32_products='float32', tf32_products='tf32', symmetric_blocks=1,
+                       tf32_first_steps=TF32_FIRST_STEPS):
     """The options of how an iterate is computed besides its method (``newton_pinv``'s
     arguments, a plan's fields), checked: {eigh_dtype, tf32_float32_steps (a tuple),
-    pad_to, float32_products, tf32_products, symmetric_blocks}. ``pad_name`` names the
-    padding in the error (the argument or the plan's field)."""
+    pad_to, float32_products, tf32_products, symmetric_blocks, tf32_first_steps}.
+    ``pad_name`` names the padding in the error (the argument or the plan's field)."""
     if float32_products not in FLOAT32_PRODUCTS:
         raise ValueError(f'float32_products must be one of {FLOAT32_PRODUCTS}, got '
                          f'{float32_products!r}')
@@ -125,6 +135,12 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
             or any(not isinstance(n, int) or n < 0 for n in steps)):
         raise ValueError(f'tf32_float32_steps must be two ints >= 0 (float32 steps before '
                          f'and after the TF32 ones), got {steps!r}')
+    if tf32_first_steps not in TF32_FIRST_STEPS_CHOICES:
+        raise ValueError(f'tf32_first_steps must be one of {TF32_FIRST_STEPS_CHOICES}, got '
+                         f'{tf32_first_steps!r}')
+    if tf32_first_steps == 'guarded' and not steps[0]:
+        raise ValueError("tf32_first_steps='guarded' decides where 'tf32''s first float32 "
+                         f'steps run, and tf32_float32_steps={tuple(steps)} has none')
     if not isinstance(pad_to, int) or pad_to < 1:
         raise ValueError(f'{pad_name} must be an int >= 1, got {pad_to!r}')
     if (not isinstance(symmetric_blocks, int) or isinstance(symmetric_blocks, bool)
@@ -137,7 +153,7 @@ def check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to, pad_name='pad_to'
                          f'{float32_products!r} and {tf32_products!r}')
     return dict(eigh_dtype=eigh_dtype, tf32_float32_steps=tuple(steps), pad_to=pad_to,
                 float32_products=float32_products, tf32_products=tf32_products,
-                symmetric_blocks=symmetric_blocks)
+                symmetric_blocks=symmetric_blocks, tf32_first_steps=tf32_first_steps)
 
 
 def check_spectral_inference(spectral_inference):
@@ -258,6 +274,52 @@ def alpha_candidates(A, max_halvings=10):
     c = cand[..., :-1]
     norms = ((1 - c * diag[..., None]).abs() + c * off[..., None]).amax(-2)
     return cand, norms
+
+
+def first_steps_needed(A, alpha, nonnegative=False):
+    """Whether a kernel may need 'tf32''s first float32 steps: for each matrix of A
+    (..., m, m), symmetric, with step α (``newton_alpha``, (..., 1, 1)), False where
+    every eigenvalue λ of A is proven to have αλ² ≤ ``FIRST_STEP_BOUND``.
+
+    TF32 rounding of the first step's operands moves αλ² by about 2^-10 of itself. That
+    matters only near the boundary αλ² = 2 of the official step size (1 - αλ² ≈ -1),
+    where it can cross 2 and the iterate diverges (``_schedule``); from αλ² ≤ 1 the
+    step maps every eigenvalue into [0, 1] as float32 does. The proof: λ_max(A)² =
+    λ_max(A²) is at most A²'s largest absolute row sum, at most max_j (|A|·(|A|·1))_j,
+    so α times that bounds every αλ² (O(m²): two matrix–vector products). Its rounding,
+    m·2^-24 of the sum at most, is far inside the margin to 2. α = 2/r² (r: A's largest
+    absolute row sum) without halvings: a kernel is let off only where its largest
+    row sum of |A|² is at most half of r² (near-identity and near-rank-1 kernels, whose
+    λ_max nears r, are not); α halved once or more (SOFT's kernels on real images: αλ²
+    ≤ 0.008) always is.
+
+    Returns:
+        Tensor: (...,) bool.
+    """
+    a = A if nonnegative else A.abs()
+    s = (a @ a.sum(-1, keepdim=True)).amax((-2, -1))
+    return alpha.reshape(s.shape) * s > FIRST_STEP_BOUND
+
+
+def _can_synchronize(A):
+    """Whether the caller may read a value of A's device on the host: not while
+    torch.compile or the JIT traces, a CUDA graph is captured, or on the meta device."""
+    if is_compiling() or torch.jit.is_tracing() or A.device.type == 'meta':
+        return False
+    return not (A.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _tf32_float32_steps(A, alpha, nonnegative, options):
+    """The (first, last) float32 steps 'tf32' takes on the batch of kernels A (..., m, m)
+    with steps α: ``tf32_float32_steps``, whose first steps with
+    ``tf32_first_steps='guarded'`` only where a kernel of the batch may need them
+    (``first_steps_needed``; one value read on the host, which waits for A's device;
+    where it cannot be read, ``_can_synchronize``, they run)."""
+    first, last = options['tf32_float32_steps']
+    if (options['tf32_first_steps'] == 'always' or not first or not _can_synchronize(A)
+            or bool(first_steps_needed(A, alpha, nonnegative).any())):
+        return first, last
+    return 0, last
 
 
 # ---------------------------------------------------------------------------------------
@@ -914,10 +976,12 @@ class _NewtonInverse:
                 torch, options['eigh_dtype'])
             return cls(method, *_spectral_factors(A, alpha, iters, dtype))
         m = A.shape[-1]
+        float32_steps = (_tf32_float32_steps(A, alpha, nonnegative, options)
+                         if method == 'tf32' else options['tf32_float32_steps'])
         A3 = _padded(A, options['pad_to'])
         A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
         V = alpha.reshape(-1, 1, 1) * A3
-        for steps, precision in _schedule(method, iters, options['tf32_float32_steps'],
+        for steps, precision in _schedule(method, iters, float32_steps,
                                           options['float32_products'],
                                           options['tf32_products']):
             V = _newton_steps(A3, V, steps, precision, options['symmetric_blocks'])
@@ -998,12 +1062,15 @@ def _flat_padded(A, Z, pad_to):
 def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     """The iterate ``steps`` steps before the end, formed by ``method``'s schedule, on A
     padded to ``pad_to``: (A3, V, Z3), flat batch (b, m', m'), (b, m', m'), (b, m', n)."""
-    alpha = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1)
+    alpha = newton_alpha(A, nonnegative=nonnegative)
+    float32_steps = (_tf32_float32_steps(A, alpha, nonnegative, options)
+                     if method == 'tf32' else options['tf32_float32_steps'])
+    alpha = alpha.reshape(-1, 1, 1)
     A3, Z3 = _flat_padded(A, Z, options['pad_to'])
     V = alpha * A3
     left = steps  # the float32 steps at the schedule's end that are applied thin
     formed = []
-    for count, precision in reversed(_schedule(method, iters, options['tf32_float32_steps'],
+    for count, precision in reversed(_schedule(method, iters, float32_steps,
                                                options['float32_products'],
                                                options['tf32_products'])):
         cut = min(left, count)  # check_thin_steps: float32 steps only
@@ -1158,7 +1225,7 @@ class _NewtonPinvApply(torch.autograd.Function):
 
 def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtype=EIGH_DTYPE,
                 tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1, float32_products='float32',
-                tf32_products='tf32', symmetric_blocks=1):
+                tf32_products='tf32', symmetric_blocks=1, tf32_first_steps=TF32_FIRST_STEPS):
     """Moore–Penrose inverse of (batched) square matrices by Newton–Raphson iteration.
 
     The result equals ``iters`` steps of V_{k+1} = 2V_k - V_k·A·V_k from V₀ = αA with a
@@ -1179,6 +1246,11 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
             eigendecomposition of a float32 A.
         tf32_float32_steps (tuple[int, int]): 'tf32''s float32 steps before and after
             its TF32 steps (``_schedule``).
+        tf32_first_steps (str): 'always' (the first of those for every batch of
+            kernels) or 'guarded' (only where a kernel of the batch may sit near the
+            step size's boundary, ``first_steps_needed``: one value read on the host,
+            which waits for the device; the steps run where it cannot be read, while
+            compiling, tracing or capturing a CUDA graph).
         pad_to (int): the iterations run on A zero-padded to a multiple of this many
             landmarks (aligned sizes for tensor cores; same iterate).
         float32_products (str): the float32 m×m products of 'iterative' and 'tf32':
@@ -1203,7 +1275,8 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
                                  float32_products=float32_products,
                                  tf32_products=tf32_products,
-                                 symmetric_blocks=symmetric_blocks)
+                                 symmetric_blocks=symmetric_blocks,
+                                 tf32_first_steps=tf32_first_steps)
     with torch.autocast(device_type=device_type(A), enabled=False):
         return _NewtonPinv.apply(A.to(compute_dtype(A)), iters, method, nonnegative,
                                  options)
@@ -1212,7 +1285,8 @@ def newton_pinv(A, iters=20, method='iterative', nonnegative=False, *, eigh_dtyp
 def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
                       float32_products='float32', tf32_products='tf32', symmetric_blocks=1,
-                      thin_steps=0, spectral_inference='eigh'):
+                      tf32_first_steps=TF32_FIRST_STEPS, thin_steps=0,
+                      spectral_inference='eigh'):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -1225,8 +1299,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
         Z (Tensor): (..., m, n), A's dtype.
         method (str): one of ``EXACT_PINV_METHODS``.
         eigh_dtype, tf32_float32_steps, pad_to, float32_products, tf32_products,
-            symmetric_blocks: as in ``newton_pinv`` (the thin steps' X_k in
-            ``float32_products``, and by ``symmetric_blocks``, too).
+            symmetric_blocks, tf32_first_steps: as in ``newton_pinv`` (the thin steps'
+            X_k in ``float32_products``, and by ``symmetric_blocks``, too).
         thin_steps (int): this many of the float32 steps that end the iteration run on
             the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
             most 'tf32''s last float32 steps, every step of 'iterative';
@@ -1245,7 +1319,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
     options = check_pinv_options(eigh_dtype, tf32_float32_steps, pad_to,
                                  float32_products=float32_products,
                                  tf32_products=tf32_products,
-                                 symmetric_blocks=symmetric_blocks)
+                                 symmetric_blocks=symmetric_blocks,
+                                 tf32_first_steps=tf32_first_steps)
     thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)

@@ -10,6 +10,10 @@ changes what is computed, only how (up to float rounding):
                        ('float64', 'float32', or 'mixed': float32 where a first-order
                        error bound allows it, float64 elsewhere)
     tf32_float32_steps 'tf32': the float32 steps (first, last) around its TF32 steps
+    tf32_first_steps   'tf32': its first float32 steps for every batch of kernels
+                       ('always') or only for a batch with a kernel that may sit near
+                       the step size's boundary ('guarded': a bound on A's top
+                       eigenvalue, read on the host; otherwise TF32 steps)
     pinv_pad           the iterations run on the kernel zero-padded to a multiple of
                        this many landmarks (1: none)
     float32_products   the iterations' float32 m×m products ('iterative''s and 'tf32''s
@@ -86,8 +90,9 @@ from types import MappingProxyType
 from typing import Optional, Tuple
 
 from .dtypes import triton_available
-from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FLOAT32_STEPS,
-                     check_pinv_options, check_spectral_inference, check_thin_steps)
+from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FIRST_STEPS,
+                     TF32_FLOAT32_STEPS, check_pinv_options, check_spectral_inference,
+                     check_thin_steps)
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
@@ -113,6 +118,7 @@ class AttentionPlan:
         eigh_dtype (str): 'float64', 'float32' or 'mixed'.
         tf32_float32_steps (tuple[int, int]): float32 steps before and after 'tf32''s
             TF32 steps.
+        tf32_first_steps (str): 'always' or 'guarded'.
         pinv_pad (int): zero-pad the kernel to a multiple of this many landmarks.
         float32_products (str): 'float32', 'tf32x3' or 'fp16x3'.
         tf32_products (str): 'tf32' or 'fp16'.
@@ -129,6 +135,7 @@ class AttentionPlan:
     pinv: Tuple[Tuple[Optional[int], str], ...] = ((None, 'iterative'), )
     eigh_dtype: str = EIGH_DTYPE
     tf32_float32_steps: Tuple[int, int] = TF32_FLOAT32_STEPS
+    tf32_first_steps: str = TF32_FIRST_STEPS
     pinv_pad: int = 1
     float32_products: str = 'float32'
     tf32_products: str = 'tf32'
@@ -154,8 +161,8 @@ class AttentionPlan:
                                  f'{method!r}')
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
             self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad, pad_name='pinv_pad',
-            float32_products=self.float32_products,
-            tf32_products=self.tf32_products)['tf32_float32_steps'])
+            float32_products=self.float32_products, tf32_products=self.tf32_products,
+            tf32_first_steps=self.tf32_first_steps)['tf32_float32_steps'])
         # thin_steps holds for the methods that end in float32 steps, whether the table
         # or a layer's pinv_method names them (the others take none: ``thin_steps_for``),
         # at most 'tf32''s last ones, after a formed float32 step; the layer's iteration
@@ -210,7 +217,7 @@ class AttentionPlan:
         keyword arguments."""
         return dict(eigh_dtype=self.eigh_dtype, tf32_float32_steps=self.tf32_float32_steps,
                     pad_to=self.pinv_pad, float32_products=self.float32_products,
-                    tf32_products=self.tf32_products)
+                    tf32_products=self.tf32_products, tf32_first_steps=self.tf32_first_steps)
 
 
 # The measurements behind the values (tools/analysis_tools/benchmark.py; docs/en/benchmarks.md,
@@ -286,6 +293,17 @@ class AttentionPlan:
 #   --gradient-images astronaut coffee chelsea rocket --paths default cuda spectral32
 #   tf32-1-4 tf32-1-6 tf32-1-8`); with 8, maps 4.4e-6 at worst (float32 'iterative':
 #   3.7e-6), gradients 5.8e-6; at 800×1344 maps 2.0e-6 (6 images).
+#
+# tf32_first_steps: 'always' on every plan. 'guarded' (an opt-in, path modifier +guarded)
+#   lets a batch of kernels off the first float32 step where α·max_j (|A|·(|A|·1))_j ≤ 1
+#   bounds every αλ² (``newton.first_steps_needed``): in inference 4 float32 m×m
+#   products per layer instead of 6, in a training step at 800×1344 2 instead of 4. Not
+#   yet timed on a GPU (the device report's fp32 and fidelity steps: default+guarded).
+#   SOFT-S's kernels on real images sit at 0.006-0.011 (random weights, 384×640); TF32
+#   emulated on the CPU the floor holds as before (`tools/analysis_tools/fidelity.py
+#   --size 640x640 --paths cuda cuda+guarded --gradients --gradient-images astronaut
+#   chelsea`: worst map 3.6e-6 against 3.7e-6, the astronaut's gradients 9.5e-6 against
+#   1.0e-5; docs/en/notes/numerics.md).
 #
 # pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
 #   the iterate of the padded block is the same), 1 elsewhere.

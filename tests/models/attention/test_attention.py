@@ -11,7 +11,7 @@ from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alph
                                      normalize_inverse, regularized_apply,
                                      resolve_pinv_method, round_tf32, sima_attention,
                                      soft_attention)
-from conftest import alpha_tie, halvings
+from conftest import alpha_tie, halvings, needs_one_graph_dynamo
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
@@ -601,6 +601,67 @@ def test_tf32_needs_a_first_float32_step_near_the_boundary():
     assert not torch.isfinite(W).all() or relative_deviation(W, ref) > 5 * kernel_bound(floor)
     W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 8))
     assert relative_deviation(W, ref) <= kernel_bound(floor)
+
+
+def test_first_step_guard_bounds_every_eigenvalue():
+    """``first_steps_needed``'s bound α·max_j (|A|·(|A|·1))_j lies above α·λ_max² on every
+    hard kernel and on Gaussian kernels of landmarks spread from near-identical to far
+    apart, so a kernel it lets off the first float32 step has αλ² ≤ 1 for all its
+    eigenvalues (TF32 rounding then stays far from the boundary at 2); and it does not
+    let off the kernels that sit at the boundary."""
+    from mmsoft.models.attention.newton import FIRST_STEP_BOUND, first_steps_needed
+    kernels = [hard_problem(kind, 64, seed=1)[0] for kind in HARD_KERNELS]
+    for scale in (0.05, 0.2, 1., 5.):
+        kernels.append(gaussian_kernel_matrix(48, batch=(2, ), scale=scale).float())
+    let_off = 0
+    for A in kernels:
+        alpha = newton_alpha(A, nonnegative=True)
+        needed = first_steps_needed(A, alpha, nonnegative=True)
+        assert torch.equal(needed, first_steps_needed(A, alpha))  # |A| = A here
+        lam = torch.linalg.eigvalsh(A.double()).abs().amax(-1)
+        x0 = alpha.double().reshape(needed.shape) * lam**2
+        assert (x0[~needed] <= FIRST_STEP_BOUND).all(), (x0, needed)
+        let_off += int((~needed).sum())
+    boundary = hard_problem('boundary', 64, seed=1)[0]
+    assert first_steps_needed(boundary, newton_alpha(boundary, nonnegative=True)).all()
+    assert 0 < let_off < sum(A[..., 0, 0].numel() for A in kernels)
+
+
+@pytest.mark.parametrize('kind', HARD_KERNELS)
+def test_guarded_first_step_runs_only_where_needed(kind):
+    """``tf32_first_steps='guarded'`` runs CUDA's schedule (1 + 15 + 4, the last 4 thin)
+    with its first float32 step where a kernel may sit near the step size's boundary
+    (near-identity kernels, and those built on it), and in TF32 elsewhere: the
+    iterate moves then, and stays within the hard-kernel bound either way (worst
+    measured: 1.5e-4 on near-rank-1 landmarks, the first step in float32 1.4e-4)."""
+    from mmsoft.models.attention.newton import first_steps_needed
+    A, Z, ref, floor = hard_problem(kind, 64, seed=1)
+    options = dict(method='tf32', nonnegative=True, tf32_float32_steps=(1, 4), pad_to=32,
+                   thin_steps=4)
+    W = newton_pinv_apply(A, Z, tf32_first_steps='guarded', **options)
+    always = newton_pinv_apply(A, Z, **options)
+    assert relative_deviation(W, ref) <= kernel_bound(floor)
+    needed = bool(first_steps_needed(A, newton_alpha(A, nonnegative=True), True).any())
+    assert needed == (kind in ('near_identity', 'boundary'))
+    moved = relative_deviation(W, always)
+    assert moved < 1e-12 if needed else moved > 1e-8, moved
+
+
+@needs_one_graph_dynamo
+def test_guarded_first_step_runs_under_torch_compile():
+    """Under torch.compile the guard's value cannot be read on the host: the first
+    float32 step runs, as with 'always', and the graph has no break."""
+    A, Z, _, _ = hard_problem('pooled', 64, seed=1)
+    options = dict(method='tf32', nonnegative=True, tf32_float32_steps=(1, 4), pad_to=32,
+                   thin_steps=4)
+    compiled = torch.compile(lambda A, Z: newton_pinv_apply(A, Z, tf32_first_steps='guarded',
+                                                            **options),
+                             fullgraph=True, backend='eager')
+    torch.compiler.reset()
+    W = compiled(A, Z)
+    always = newton_pinv_apply(A, Z, **options)
+    guarded = newton_pinv_apply(A, Z, tf32_first_steps='guarded', **options)
+    assert relative_deviation(W, always) < 1e-12 < relative_deviation(guarded, always)
 
 
 def test_tf32_needs_its_last_float32_steps():

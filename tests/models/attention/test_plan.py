@@ -84,6 +84,9 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(eigh_dtype='float16'), ValueError),
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
+    (dict(tf32_first_steps='never'), ValueError),
+    # 'guarded' decides where the first float32 steps run: a schedule without any
+    (dict(pinv='tf32', tf32_float32_steps=(0, 4), tf32_first_steps='guarded'), ValueError),
     (dict(pinv_pad=0), ValueError),
     (dict(pinv='tf32', thin_steps=-1), ValueError),
     (dict(pinv='tf32', tf32_float32_steps=(1, 4), thin_steps=5), ValueError),  # TF32 steps
@@ -199,13 +202,14 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
                         eigh_dtype='float32', thin_steps=2, spectral_inference='eigh',
-                        float32_products='tf32x3', tf32_products='fp16'):
+                        float32_products='tf32x3', tf32_products='fp16',
+                        tf32_first_steps='guarded'):
         soft_attention(q, lm, v)
         soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
         soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
     options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8,
                    float32_products='tf32x3', tf32_products='fp16',
-                   spectral_inference='eigh')
+                   tf32_first_steps='guarded', spectral_inference='eigh')
     assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
                     dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32

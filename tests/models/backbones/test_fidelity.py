@@ -24,15 +24,19 @@ from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, fidelity_image,
 SIZE = (384, 640)
 M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
 # Each device type's plan, CUDA's plan with the float32 iterate (its plan before TF32),
-# with its float32 products as three TF32 products of split operands and with its
-# products on fp16 tensor cores (TF32 ones as fp16, float32 ones as three fp16 products:
-# candidates), all run here on the CPU.
+# with its float32 products as three TF32 products of split operands, with its
+# products on fp16 tensor cores (TF32 ones as fp16, float32 ones as three fp16 products)
+# and with its first float32 step only where a kernel may sit near the step size's
+# boundary (none of these images' kernels: TF32 instead; candidates), all run here on
+# the CPU.
 PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
          'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
                                           thin_steps=0),
          'cuda, float32 products split': replace(PLANS['cuda'], float32_products='tf32x3'),
          'cuda, products on fp16 tensor cores': replace(
-             PLANS['cuda'], tf32_products='fp16', float32_products='fp16x3')}
+             PLANS['cuda'], tf32_products='fp16', float32_products='fp16x3'),
+         'cuda, first float32 step guarded': replace(PLANS['cuda'],
+                                                     tf32_first_steps='guarded')}
 # and for the maps the CPU's plan where SciPy is missing (eigenvectors in inference too;
 # with gradients both are 'eigh'). CUDA's plan applies its last float32 steps to the thin
 # matrix (``thin_steps``): its maps are that path; at this size (m = 256, below a launch's
