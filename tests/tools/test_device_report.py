@@ -49,6 +49,26 @@ def test_report_runs_its_steps(tmp_path):
     assert '===== fidelity' in (tmp_path / 'report.log').read_text()
 
 
+def test_decide_part_ranks_its_candidates(tmp_path):
+    """--part decide runs its three steps and closes with the candidates table of its
+    own timing and floor steps: CUDA's plan and the DECIDE_PATHS that run here (off
+    CUDA without P's chunks from the Triton kernel)."""
+    code = device_report.main(['--device', 'cpu', '--small', '--part', 'decide', '--out',
+                               str(tmp_path)])
+    report = (tmp_path / 'report.md').read_text()
+    assert code == 0, report
+    steps = [ln.split(':')[0] for ln in report.splitlines()
+             if ln.startswith('## ') and not ln.startswith('## mmsoft')]
+    assert steps[:3] == ['## decide-matmul', '## decide-fp32', '## decide-fidelity']
+    assert steps[-1] == '## candidates', steps
+    assert 'the paths decide-fp32 and decide-fidelity both measured' in report
+    table = report.split('## candidates')[1]
+    rows = {ln.split(' | ')[0][2:] for ln in table.splitlines()
+            if ln.startswith('| ') and not ln.startswith('| path')}
+    here = {p for p in device_report.DECIDE_PATHS if 'triton_chunks' not in p}
+    assert rows == here | {'default'}, rows
+
+
 def test_every_step_is_a_command_its_tool_takes():
     """Every step's arguments, at full and at toy sizes, parse in the tool it runs (a
     step that ran on the GPU machine with an option the tool lacks would cost a call)."""
@@ -158,7 +178,8 @@ def test_compile_steps_measure_one_round_at_one_size():
                 assert cmd[1:5] == ['-m', 'pytest', '-m', 'cuda']
                 continue
             if device_report.STEPS[name][1] == 'fidelity':
-                full = {'fidelity': '800x1344', 'fidelity-640': '640x640'}[name]
+                full = {'fidelity': '800x1344', 'fidelity-640': '640x640',
+                        'decide-fidelity': '800x1344'}[name]
                 assert _last(cmd, '--size') == ['96x128' if small else full]
                 continue
             compiled = name.startswith('compile')
@@ -169,6 +190,11 @@ def test_compile_steps_measure_one_round_at_one_size():
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--skip-official'], name
             elif name == 'profile':
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--soft-plans'], name
+            elif name == 'decide-fp32':  # the detection size only, two rounds
+                assert _last(cmd, '--rounds') == ['2'], name
+                assert _last(cmd, '--sizes', 2) == ['800x1344', '--rounds'], name
+            elif name == 'decide-matmul':  # one product size, no network
+                assert _last(cmd, '--matmul-sizes') == ['1056'], name
             else:
                 assert _last(cmd, '--rounds') == ['3'], name
                 assert _last(cmd, '--sizes', 2) == ['512x512', '800x1344'], name
@@ -177,11 +203,14 @@ def test_compile_steps_measure_one_round_at_one_size():
 def test_parts_split_the_steps():
     """--part base needs no compiled mmcv ops; the compile and CUDA-graph steps and the
     detector step (each part fits one call of the GPU machine) are parts of their own;
-    what an H100 measured already is the extra part."""
+    what an H100 measured already is the extra part; the lean decide part has its own
+    steps."""
     parts = {name: step[0] for name, step in device_report.STEPS.items()}
     assert parts.pop('detector') == 'detector'
     assert parts.pop('compile-ro') == parts.pop('compile') == parts.pop('graphs') == 'compile'
     assert {parts.pop(n) for n in ('layout', 'bf16', 'fp16')} == {'extra'}
+    assert {parts.pop(n) for n in ('decide-matmul', 'decide-fp32',
+                                   'decide-fidelity')} == {'decide'}
     assert set(parts.values()) == {'base'}
     assert {'cuda-tests', 'matmul', 'pinv', 'fidelity', 'fidelity-640', 'fp32', 'profile',
             'memory-modes'} == set(parts)

@@ -35,6 +35,14 @@ runs. The steps, by part (one call of a lent GPU machine each):
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
                  the plan's pinv and its options
+  --part decide (what CUDA's plan is chosen from, lean: one call of ~5 minutes where
+  device time is short; SOFT-S and Swin-T at 800x1344 only, DECIDE_PATHS)
+  decide-matmul   benchmark --sections matmul at m = 1056: every way to make one
+                  product, side by side
+  decide-fp32     benchmark --sections speed,train at 800x1344, 2 rounds: the plan and
+                  DECIDE_PATHS against Swin-T
+  decide-fidelity fidelity.py at 800x1344 (astronaut, page, blank; gradients on the
+                  astronaut) for the plan and DECIDE_PATHS
   --part compile (SOFT-S and Swin-T at 800x1344; each torch.compile measurement compiles
   afresh, in one round, and prints how long compiling took, by phase)
   graphs         benchmark --sections speed,train --models SOFT-S Swin-T: SOFT-S with
@@ -71,7 +79,8 @@ and stops a step that outlasts it, so the set-up and the report fit in one call:
       --device cuda --part detector --budget 280 --out "$OUT"   (one line; after ~270 s
       of mmcv build)
 
-report.md ends with the candidates (``candidates``: where fp32 and fidelity both ran, each
+report.md ends with the candidates (``candidates``: where fp32 and fidelity, or
+decide-fp32 and decide-fidelity, both ran, each
 path's forward and training step against Swin-T beside its distance to the floor, the
 table CUDA's plan is chosen from) and the steps that did not complete; ``--steps NAME
 ...`` runs just those in a further call (the report is appended to).
@@ -126,6 +135,12 @@ TRITON_FP16_SPLIT = 'default+triton_chunks+fp16+fp16x3'
 # the step size's boundary (tf32_first_steps='guarded'; SOFT-S's kernels on real images
 # sit far from it: TF32 steps instead, 2 fewer float32 m×m products per layer)
 GUARDED = 'default+guarded'
+# --part decide's candidates for CUDA's plan (the plan itself is the default): GUARDED,
+# the products on fp16 tensor cores (FP16_SPLIT) with and without it, and with P's
+# chunks from one Triton kernel (TRITON_FP16_SPLIT, and GUARDED with it)
+GUARDED_FP16_SPLIT = 'default+guarded+fp16+fp16x3'
+ALL_CHUNKS = 'default+guarded+triton_chunks+fp16+fp16x3'
+DECIDE_PATHS = (GUARDED, FP16_SPLIT, GUARDED_FP16_SPLIT, TRITON_FP16_SPLIT, ALL_CHUNKS)
 # the paths that need Triton's kernels on CUDA (``command`` leaves them out elsewhere)
 TRITON_MODIFIERS = ('fused', 'triton_chunks')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
@@ -194,6 +209,18 @@ STEPS = {
              'speed and training step, autocast to bfloat16'),
     'fp16': ('extra', 'benchmark', ['--sections', 'speed,train', '--amp', 'fp16'],
              'speed and training step, autocast to float16'),
+    'decide-matmul': ('decide', 'benchmark', ['--sections', 'matmul', '--matmul-sizes',
+                                              '1056'],
+                      'one m×m product each way at m = 1056'),
+    'decide-fp32': ('decide', 'benchmark', ['--sections', 'speed,train', '--models', 'SOFT-S',
+                                            'Swin-T', '--sizes', '800x1344', '--rounds', '2',
+                                            '--skip-official', '--soft-plans', *DECIDE_PATHS],
+                    "speed and training step at 800x1344: CUDA's plan and its candidates"),
+    'decide-fidelity': ('decide', 'fidelity', ['--size', '800x1344', '--images', 'astronaut',
+                                               'page', 'blank', '--gradients',
+                                               '--gradient-images', 'astronaut', '--paths',
+                                               'default', *DECIDE_PATHS],
+                        "the floor at 800x1344: CUDA's plan and its candidates"),
 }
 
 # What --small changes: toy sizes for every benchmark section.
@@ -294,8 +321,8 @@ def build_parser():
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', choices=['cuda', 'cpu'], required=True)
     parser.add_argument('--out', required=True, help='directory for the report')
-    parser.add_argument('--part', choices=['base', 'compile', 'detector', 'extra', 'all'],
-                        default='base')
+    parser.add_argument('--part', choices=['base', 'decide', 'compile', 'detector', 'extra',
+                                           'all'], default='base')
     parser.add_argument('--steps', nargs='+', choices=sorted(STEPS),
                         help='only these steps (in the order of the list above)')
     parser.add_argument('--small', action='store_true',
@@ -313,17 +340,18 @@ def _ratio(rows, row, size, base='Swin-T'):
     return None if t is None or not ref else (t, t / ref)
 
 
-def candidates(out):
-    """The plans the fp32 and fidelity steps both measured, side by side: SOFT-S's
+def candidates(out, timed_step='fp32', floor_step='fidelity'):
+    """The plans the ``timed_step`` and ``floor_step`` steps (fp32 and fidelity, or
+    decide-fp32 and decide-fidelity) both measured, side by side: SOFT-S's
     forward and training step against Swin-T's at the largest size timed, and how close
     each path keeps to the floor (its worst output map over the images, and its worst
     parameter gradient, each as a fraction of its bound: at most 1 keeps it), fastest
     forward first. The table CUDA's plan is chosen from. [] where either file is
     missing."""
     try:
-        with open(osp.join(out, 'fp32.json')) as f:
+        with open(osp.join(out, f'{timed_step}.json')) as f:
             timed = json.load(f)
-        with open(osp.join(out, 'fidelity.json')) as f:
+        with open(osp.join(out, f'{floor_step}.json')) as f:
             floor = json.load(f)
     except (OSError, ValueError):
         return []
@@ -352,11 +380,12 @@ def candidates(out):
     def timing(t):
         return '– | –' if t is None else f'{t[0] * 1e3:.1f} ms | {t[1]:.2f}×'
 
-    lines = ['', f'## candidates: the paths fp32 and fidelity both measured, at {size}', '',
-             f"SOFT-S's forward and training step against Swin-T's at {size} (fp32.json), "
-             'and the worst output map and parameter gradient over the images as a '
-             f"fraction of their bound at {'x'.join(map(str, floor['size']))} "
-             '(fidelity.json; at most 1 keeps the floor), fastest forward first.', '',
+    lines = ['', f'## candidates: the paths {timed_step} and {floor_step} both measured, '
+             f'at {size}', '',
+             f"SOFT-S's forward and training step against Swin-T's at {size} "
+             f'({timed_step}.json), and the worst output map and parameter gradient over the '
+             f"images as a fraction of their bound at {'x'.join(map(str, floor['size']))} "
+             f'({floor_step}.json; at most 1 keeps the floor), fastest forward first.', '',
              '| path | forward | vs Swin-T | training step | vs Swin-T | worst map / bound '
              '| worst gradient / bound | floor |', '|---|---|---|---|---|---|---|---|']
     for path, fwd, trn, maps, grads in rows:
@@ -415,6 +444,7 @@ def main(argv=None):
             write(section + [f'{status}, {seconds:.0f} s', ''] + shown(printed, name))
             print(f'[{name}] {status}, {seconds:.0f} s', flush=True)
     write(candidates(args.out))
+    write(candidates(args.out, 'decide-fp32', 'decide-fidelity'))
     write(['', f'Steps not completed: {", ".join(failed)}' if failed
            else 'Every step completed.'])
     print(f'report: {path}')

@@ -93,11 +93,11 @@ THIN_STEP_METHODS = ('iterative', 'tf32')
 # otherwise; the measurements behind them are beside the plans in ``plan.py``).
 EIGH_DTYPE = 'float64'
 TF32_FLOAT32_STEPS = (1, 8)
-TF32_FIRST_STEPS = 'always'
 # Whether 'tf32''s first float32 steps run for every batch of kernels ('always') or only
 # where a kernel of the batch may sit near the step size's boundary ('guarded',
-# ``first_steps_needed``): a kernel is let off them where α·λ² ≤ FIRST_STEP_BOUND is
+# ``first_steps_needed``): a kernel is let off them where αλ² ≤ FIRST_STEP_BOUND is
 # proven for all its eigenvalues, half the boundary's 2.
+TF32_FIRST_STEPS = 'always'
 TF32_FIRST_STEPS_CHOICES = ('always', 'guarded')
 FIRST_STEP_BOUND = 1.
 EIGH_DTYPES = ('float64', 'float32', 'mixed')
