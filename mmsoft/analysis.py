@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .models.attention import (gaussian_kernel, newton_alpha, newton_pinv, newton_pinv_error,
                                normalize_inverse, plan_for)
-from .models.attention.newton import ALPHA_BOUND, alpha_candidates
+from .models.attention.newton import ALPHA_BOUND, alpha_candidates, first_step_bound
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
@@ -180,7 +180,7 @@ def newton_boundary(model, x, iters=20, near=1.9):
         dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
         another order of sums can decide the other way); ``first_step_bound``: the
         largest bound on αλ² of any kernel that ``tf32_first_steps='guarded'`` decides
-        by (``newton.first_steps_needed``: at most 1, the layer's 'tf32' iterate takes
+        by (``newton.first_step_bound``: at most 1, the layer's 'tf32' iterate takes
         no first float32 step).
     """
     out = {}
@@ -191,7 +191,7 @@ def newton_boundary(model, x, iters=20, near=1.9):
         xs = alpha * torch.linalg.eigvalsh(A).pow(2)  # αλ², (..., m)
         shortfall = torch.exp(float(2**iters) * torch.log((1 - xs).abs().clamp_min(1e-300)))
         upper = torch.where(xs > 1, shortfall, torch.zeros_like(shortfall))
-        bound = (alpha * (A @ A.sum(-1, keepdim=True)).squeeze(-1)).amax().item()
+        bound = first_step_bound(A, alpha, nonnegative=True).max().item()
         out[name] = dict(m=A.shape[-1], near_share=(xs >= near).double().mean().item(),
                          max_alpha_lambda2=xs.max().item(),
                          worst_shortfall=upper.max().item(), alpha_margin=margin,

@@ -276,10 +276,20 @@ def alpha_candidates(A, max_halvings=10):
     return cand, norms
 
 
+def first_step_bound(A, alpha, nonnegative=False):
+    """A bound on αλ² over the eigenvalues λ of each matrix of A (..., m, m), symmetric,
+    with step α (``newton_alpha``, (..., 1, 1)): α·max_j (|A|·(|A|·1))_j, (...,)
+    (``first_steps_needed``)."""
+    a = A if nonnegative else A.abs()
+    s = (a @ a.sum(-1, keepdim=True)).amax((-2, -1))
+    return alpha.reshape(s.shape) * s
+
+
 def first_steps_needed(A, alpha, nonnegative=False):
     """Whether a kernel may need 'tf32''s first float32 steps: for each matrix of A
     (..., m, m), symmetric, with step α (``newton_alpha``, (..., 1, 1)), False where
-    every eigenvalue λ of A is proven to have αλ² ≤ ``FIRST_STEP_BOUND``.
+    every eigenvalue λ of A is proven to have αλ² ≤ ``FIRST_STEP_BOUND``
+    (``first_step_bound``).
 
     TF32 rounding of the first step's operands moves αλ² by about 2^-10 of itself. That
     matters only near the boundary αλ² = 2 of the official step size (1 - αλ² ≈ -1),
@@ -296,9 +306,7 @@ def first_steps_needed(A, alpha, nonnegative=False):
     Returns:
         Tensor: (...,) bool.
     """
-    a = A if nonnegative else A.abs()
-    s = (a @ a.sum(-1, keepdim=True)).amax((-2, -1))
-    return alpha.reshape(s.shape) * s > FIRST_STEP_BOUND
+    return first_step_bound(A, alpha, nonnegative) > FIRST_STEP_BOUND
 
 
 def _can_synchronize(A):
@@ -309,14 +317,15 @@ def _can_synchronize(A):
     return not (A.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _tf32_float32_steps(A, alpha, nonnegative, options):
-    """The (first, last) float32 steps 'tf32' takes on the batch of kernels A (..., m, m)
-    with steps α: ``tf32_float32_steps``, whose first steps with
-    ``tf32_first_steps='guarded'`` only where a kernel of the batch may need them
-    (``first_steps_needed``; one value read on the host, which waits for A's device;
-    where it cannot be read, ``_can_synchronize``, they run)."""
+def _float32_steps(A, alpha, method, nonnegative, options):
+    """The (first, last) float32 steps ``_schedule`` takes for ``method`` on the batch of
+    kernels A (..., m, m) with steps α: ``tf32_float32_steps``, for 'tf32' with
+    ``tf32_first_steps='guarded'`` its first steps only where a kernel of the batch may
+    need them (``first_steps_needed``; one value read on the host, which waits for A's
+    device; where it cannot be read, ``_can_synchronize``, they run)."""
     first, last = options['tf32_float32_steps']
-    if (options['tf32_first_steps'] == 'always' or not first or not _can_synchronize(A)
+    if (method != 'tf32' or options['tf32_first_steps'] == 'always'
+            or not _can_synchronize(A)
             or bool(first_steps_needed(A, alpha, nonnegative).any())):
         return first, last
     return 0, last
@@ -976,8 +985,7 @@ class _NewtonInverse:
                 torch, options['eigh_dtype'])
             return cls(method, *_spectral_factors(A, alpha, iters, dtype))
         m = A.shape[-1]
-        float32_steps = (_tf32_float32_steps(A, alpha, nonnegative, options)
-                         if method == 'tf32' else options['tf32_float32_steps'])
+        float32_steps = _float32_steps(A, alpha, method, nonnegative, options)
         A3 = _padded(A, options['pad_to'])
         A3 = A3.reshape(-1, *A3.shape[-2:])  # (b, m', m')
         V = alpha.reshape(-1, 1, 1) * A3
@@ -1063,8 +1071,7 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     """The iterate ``steps`` steps before the end, formed by ``method``'s schedule, on A
     padded to ``pad_to``: (A3, V, Z3), flat batch (b, m', m'), (b, m', m'), (b, m', n)."""
     alpha = newton_alpha(A, nonnegative=nonnegative)
-    float32_steps = (_tf32_float32_steps(A, alpha, nonnegative, options)
-                     if method == 'tf32' else options['tf32_float32_steps'])
+    float32_steps = _float32_steps(A, alpha, method, nonnegative, options)
     alpha = alpha.reshape(-1, 1, 1)
     A3, Z3 = _flat_padded(A, Z, options['pad_to'])
     V = alpha * A3
