@@ -117,7 +117,8 @@ PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
                   'tf32x3': dict(float32_products='tf32x3'),
                   'fp16x3': dict(float32_products='fp16x3'),
                   'fp16': dict(tf32_products='fp16'),
-                  'guarded': dict(tf32_first_steps='guarded')}
+                  'guarded': dict(tf32_first_steps='guarded'),
+                  'horner': dict(thin_horner='always')}
 
 
 def path_plan(name, device):
@@ -161,6 +162,8 @@ def path_plan(name, device):
       +guarded                'tf32''s first float32 steps only for a batch of kernels
                               that may sit near the step size's boundary, else TF32
                               steps (``tf32_first_steps='guarded'``)
+      +horner                 in inference too, the thin steps as one sum by Horner's
+                              rule where that costs less (``thin_horner='always'``)
     """
     from mmsoft.models.attention import PLANS, plan_for
     base = plan_for(torch.device(device).type)

@@ -44,6 +44,9 @@ PINV_PATHS = {
     "tf32, CUDA's plan, last steps thin, first step guarded": dict(
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
         thin_steps=_CUDA.tf32_float32_steps[1], tf32_first_steps='guarded'),
+    "tf32, CUDA's plan, last steps thin, Horner's rule in inference": dict(
+        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
+        thin_steps=_CUDA.tf32_float32_steps[1], thin_horner='always'),
     "tf32, CUDA's plan, last steps thin, float32 products split": dict(
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
         thin_steps=_CUDA.tf32_float32_steps[1], float32_products='tf32x3'),
@@ -62,6 +65,7 @@ PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'spectral, tridia
               'tf32', 'tf32, padded to 8',
               "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin",
               "tf32, CUDA's plan, last steps thin, first step guarded",
+              "tf32, CUDA's plan, last steps thin, Horner's rule in inference",
               "tf32, CUDA's plan, last steps thin, float32 products split", 'tf32x3')
 
 

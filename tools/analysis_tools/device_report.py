@@ -16,10 +16,11 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED) and with its first float32 step guarded (GUARDED)
   fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, GUARDED, FUSED, SPLIT, both, FP16, FP16_SPLIT, ALL_KERNELS,
-                 TRITON_CHUNKS and TRITON_FP16_SPLIT (SPEED_PATHS, --soft-plans): what
-                 CUDA's plan gains on this GPU, what its thin steps gain in inference
-                 and training, what the first float32 step costs where no kernel needs
+                 FORMED, GUARDED, HORNER, FUSED, SPLIT, both, FP16, FP16_SPLIT,
+                 ALL_KERNELS, TRITON_CHUNKS and TRITON_FP16_SPLIT (SPEED_PATHS,
+                 --soft-plans): what CUDA's plan gains on this GPU, what its thin steps
+                 gain in inference and training (one by one, and by Horner's rule in
+                 inference), what the first float32 step costs where no kernel needs
                  it, and what the fused kernel products, P written by one
                  Triton kernel, the split float32 products and the products on fp16
                  tensor cores gain
@@ -135,24 +136,28 @@ TRITON_FP16_SPLIT = 'default+triton_chunks+fp16+fp16x3'
 # the step size's boundary (tf32_first_steps='guarded'; SOFT-S's kernels on real images
 # sit far from it: TF32 steps instead, 2 fewer float32 m×m products per layer)
 GUARDED = 'default+guarded'
-# --part decide's candidates for CUDA's plan (the plan itself is the default): GUARDED,
-# the products on fp16 tensor cores (FP16_SPLIT) with and without it, and with P's
-# chunks from one Triton kernel (TRITON_FP16_SPLIT, and GUARDED with it)
-GUARDED_FP16_SPLIT = 'default+guarded+fp16+fp16x3'
-ALL_CHUNKS = 'default+guarded+triton_chunks+fp16+fp16x3'
-DECIDE_PATHS = (GUARDED, FP16_SPLIT, GUARDED_FP16_SPLIT, TRITON_FP16_SPLIT, ALL_CHUNKS)
+# CUDA's plan with its thin steps as one sum by Horner's rule in inference too
+# (thin_horner='always'; at 800x1344 one float32 m×m product for the 4 steps instead of 4)
+HORNER = 'default+horner'
+# --part decide's candidates for CUDA's plan (the plan itself is the default), each
+# the one before it with one more choice: GUARDED, then Horner's rule in inference,
+# then the products on fp16 tensor cores, then P's chunks from one Triton kernel
+GUARDED_HORNER = 'default+guarded+horner'
+GUARDED_HORNER_FP16_SPLIT = 'default+guarded+horner+fp16+fp16x3'
+ALL_CHUNKS = 'default+guarded+horner+triton_chunks+fp16+fp16x3'
+DECIDE_PATHS = (GUARDED, GUARDED_HORNER, GUARDED_HORNER_FP16_SPLIT, ALL_CHUNKS)
 # the paths that need Triton's kernels on CUDA (``command`` leaves them out elsewhere)
 TRITON_MODIFIERS = ('fused', 'triton_chunks')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, FUSED, SPLIT,
-                     FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS,
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, HORNER, FUSED,
+                     SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS,
                      TRITON_FP16_SPLIT])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, GUARDED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS,
-# TRITON_CHUNKS and TRITON_FP16_SPLIT
-SPEED_PATHS = ('iterative', FORMED, GUARDED, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
-               ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
+# default), FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
+# ALL_KERNELS, TRITON_CHUNKS and TRITON_FP16_SPLIT
+SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, FP16,
+               FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
 
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.

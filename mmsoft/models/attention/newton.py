@@ -50,7 +50,8 @@ so the iterate is the same. The last ``thin_steps`` float32 steps of 'iterative'
 'tf32' can be applied to the thin matrix instead of forming the iterate
 (``_NewtonPinvThin``: the same steps, one m×m product each instead of two, and thin
 products); with gradients too where that costs less, and there, on large kernels, with
-one m×m product for all of them (Horner's rule on their sum).
+one m×m product for all of them (Horner's rule on their sum; in inference too with
+``thin_horner='always'``).
 
 Accuracy is judged on the network's outputs (docs/en/notes/numerics.md): each output
 map of a default path within 1e-5 of the float64 computation in the official order, on
@@ -100,6 +101,11 @@ TF32_FLOAT32_STEPS = (1, 8)
 TF32_FIRST_STEPS = 'always'
 TF32_FIRST_STEPS_CHOICES = ('always', 'guarded')
 FIRST_STEP_BOUND = 1.
+# Where the thin steps' factors may be applied as one sum by Horner's rule (where that
+# costs less, ``_horner_steps``): with gradients only ('training'), or in inference too
+# ('always'; ``_NewtonPinvThin``).
+THIN_HORNER = 'training'
+THIN_HORNER_CHOICES = ('training', 'always')
 EIGH_DTYPES = ('float64', 'float32', 'mixed')
 # 'mixed' (``_mixed_spectral_factors``): power-iteration steps for the Perron eigenpair,
 # and the largest first-order error estimate a float32 decomposition may have.
@@ -171,10 +177,15 @@ def check_spectral_inference(spectral_inference):
     return spectral_inference
 
 
-def check_thin_steps(thin_steps, method, tf32_float32_steps, iters=None):
+def check_thin_steps(thin_steps, method, tf32_float32_steps, iters=None,
+                     thin_horner=THIN_HORNER):
     """``thin_steps`` checked for ``method``: an int >= 0, and at most the float32 steps
     the iteration ends with (all of 'iterative''s ``iters``, the last of 'tf32''s
-    ``tf32_float32_steps``); the other methods (``THIN_STEP_METHODS``) take none."""
+    ``tf32_float32_steps``); the other methods (``THIN_STEP_METHODS``) take none.
+    ``thin_horner``: one of ``THIN_HORNER_CHOICES``."""
+    if thin_horner not in THIN_HORNER_CHOICES:
+        raise ValueError(f'thin_horner must be one of {THIN_HORNER_CHOICES}, got '
+                         f'{thin_horner!r}')
     if not isinstance(thin_steps, int) or thin_steps < 0:
         raise ValueError(f'thin_steps must be an int >= 0, got {thin_steps!r}')
     if not thin_steps:
@@ -1088,14 +1099,14 @@ def _thin_start(A, Z, iters, method, nonnegative, options, steps):
     return A3, V, Z3
 
 
-def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32', blocks=1):
-    """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps after V
-    (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 = A·V,
-    X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps by Horner's rule,
-    W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors are
-    polynomials in X_0, so they commute; each is applied as soon as it is formed, so only
-    one X_k exists at a time. A3, V: (b, m, m); W: (b, m, n). The m×m products (X_0 and
-    the X_k) in ``precision`` (``_matmul``; 'fp16x3' through ``iterate_matmul`` with
+def _thin_apply(left, right, steps, W, h, transpose=False, precision='float32', blocks=1):
+    """S·W, or Sᵀ·W, for the factor S of the L = ``steps`` thin steps
+    (``_NewtonPinvThin``): S = (2I - X_0)···(2I - X_{L-h-1})·Σ_{j<2^h} R^j with X_0 =
+    left·right (A·V or V·A), X_{k+1} = 2X_k - X_k² and R = I - X_{L-h}; the last h steps
+    by Horner's rule, W + R·(W + R·(···)) (h from ``_horner_steps``, or 0). The factors
+    are polynomials in X_0, so they commute; each is applied as soon as it is formed, so
+    only one X_k exists at a time. left, right: (b, m, m); W: (b, m, n). The m×m products
+    (X_0 and the X_k) in ``precision`` (``_matmul``; 'fp16x3' through ``iterate_matmul`` with
     each X_k's max |entry| from the product that made it, its square's scale, and X_k
     converted once for both sides of its square), the thin ones in float32; where
     ``blocks`` > 1 (float32 products) on or above the diagonal's blocks only
@@ -1108,12 +1119,12 @@ def _thin_apply(A3, V, steps, W, h, transpose=False, precision='float32', blocks
     def t(x):
         return x.transpose(-1, -2) if transpose else x
 
-    fp16 = precision == 'fp16x3' and _split_kernel(A3)
+    fp16 = precision == 'fp16x3' and _split_kernel(left)
     if fp16:
         from .iterate_matmul import baddbmm
-        X, x_max = baddbmm(None, A3, V, precision=precision)  # X_0, one m×m product
+        X, x_max = baddbmm(None, left, right, precision=precision)  # X_0, one m×m product
     else:
-        X = _matmul(None, A3, V, precision=precision, blocks=blocks)
+        X = _matmul(None, left, right, precision=precision, blocks=blocks)
     for k in range(steps - h):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
         if k + 1 < steps and fp16:
@@ -1138,17 +1149,22 @@ class _NewtonPinvThin(torch.autograd.Function):
     With V the iterate L steps before the end (formed, by ``method``'s schedule) and
     X_0 = A·V, every further step is V_{k+1} = V_k·(2I - X_k) with X_{k+1} = A·V_{k+1} =
     2X_k - X_k² (associativity alone, no commuting), so A⁺ = V·(2I - X_0)···(2I - X_{L-1}).
-    Without gradients (``horner`` False) the X_k are formed and applied one by one: L m×m
-    products for the L steps, where formed steps take 2L. With R = I - X_0 that is
-    I - X_k = R^(2^k), and the factors' product is Σ_{j<2^L} R^j, which Horner's rule
-    applies with 2^L - 1 thin products and no m×m product after X_0; with gradients
-    (``horner``), where that costs less (``_horner_steps``), the last steps run so.
-    It rounds more: each of its products rounds a sum that grows to 2^h times Z in the
-    directions not yet converged, and those roundings reach the converged ones, which
-    V amplifies: (2^h - 1)·2^(h-1) times Z's scale against 2^h - 1 one by one. On
-    SOFT-S's maps at 800×1344 (CPU, TF32 emulated, astronaut) 4.9e-6 from float64
-    against 1.5e-6 one by one, within the maps' floor but with less margin, so only
-    training takes it, whose floor is on the gradients (1e-4; 1.1e-5 at 640×640).
+    By associativity again V·(A·V)^j = (V·A)^j·V, so A⁺ = (2I - X'_0)···(2I - X'_{L-1})·V
+    with X'_0 = V·A: forward applies V to Z first, then the factors in X'_0. With R =
+    I - X_0 the factors are I - X_k = R^(2^k), and their product is Σ_{j<2^L} R^j:
+    ``_thin_apply`` forms the X_k and applies them one by one (L m×m products for the L
+    steps, where formed steps take 2L), or applies the last h by Horner's rule (2^h - 1
+    thin products, no m×m product after X_0) where that costs less
+    (``_horner_steps``): with gradients (``horner``), and in inference too with
+    ``thin_horner='always'``.
+
+    Why V first: Horner's products round a sum that grows to 2^h times its input in the
+    directions not yet converged, (2^h - 1)·2^(h-1) times the input's scale against
+    2^h - 1 one by one. Applied to Z before V, those roundings reach the converged
+    directions, which V then amplifies; applied to V·Z, nothing amplifies them after.
+    On SOFT-S's astronaut at 800×1344 (CPU, TF32 emulated, every layer with all 4 steps
+    by Horner's rule) the worst map was 8.6e-6 from float64 with V last and 2.0e-6 with
+    V first (one by one 1.6e-6 and 2.0e-6).
 
     Backward as paper Eq. 16 (A⁺ treated as an exact inverse, as ``_NewtonPinvApply``):
     ∇Z = A⁺ᵀ·∇W = Sᵀ·(Vᵀ·∇W) (S the factors' product) and ∇A = -∇Z·Wᵀ: thin products
@@ -1173,7 +1189,7 @@ class _NewtonPinvThin(torch.autograd.Function):
         A3, V, Z3 = _thin_start(A, Z, iters, method, nonnegative, options, steps)
         h = _horner_steps(steps, A3.shape[-1], Z3.shape[-1], A3.shape[0]) if horner else 0
         precision, blocks = options['float32_products'], options['symmetric_blocks']
-        W = V @ _thin_apply(A3, V, steps, Z3, h, precision=precision, blocks=blocks)
+        W = _thin_apply(V, A3, steps, V @ Z3, h, precision=precision, blocks=blocks)
         W = W[:, :m].reshape(Z.shape)
         ctx.steps, ctx.pad_to, ctx.h, ctx.precision = steps, options['pad_to'], h, precision
         ctx.blocks = blocks
@@ -1293,7 +1309,7 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                       eigh_dtype=EIGH_DTYPE, tf32_float32_steps=TF32_FLOAT32_STEPS, pad_to=1,
                       float32_products='float32', tf32_products='tf32', symmetric_blocks=1,
                       tf32_first_steps=TF32_FIRST_STEPS, thin_steps=0,
-                      spectral_inference='eigh'):
+                      thin_horner=THIN_HORNER, spectral_inference='eigh'):
     """A⁺·Z for the T-step iterate A⁺ of A, without forming A⁺ where that is cheaper.
 
     Same value and (Eq. 16) gradients as ``newton_pinv(A, ...) @ Z``. 'iterative',
@@ -1312,8 +1328,11 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
             the thin Z: one m×m product each instead of two (``_NewtonPinvThin``; at
             most 'tf32''s last float32 steps, every step of 'iterative';
             ``check_thin_steps``). With gradients where that costs less than the formed
-            steps (``_thin_pays_in_training``: large kernels), then one m×m product for
-            all of them where Horner's rule on their sum costs less.
+            steps (``_thin_pays_in_training``: large kernels).
+        thin_horner (str): where the last thin steps run as one sum by Horner's rule
+            (one m×m product for all of them) where that costs less than one by one
+            (``_horner_steps``: large kernels): 'training' (with gradients only) or
+            'always' (in inference too).
         spectral_inference (str): without gradients, how 'spectral' applies its filter to
             a float32 A: 'eigh' (A's eigenvectors, ``eigh_dtype``) or 'tridiagonal'
             (A's tridiagonal form, ``_tridiagonal_apply``; needs SciPy, and T ≥
@@ -1328,7 +1347,8 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
                                  tf32_products=tf32_products,
                                  symmetric_blocks=symmetric_blocks,
                                  tf32_first_steps=tf32_first_steps)
-    thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters)
+    thin_steps = check_thin_steps(thin_steps, method, options['tf32_float32_steps'], iters,
+                                  thin_horner)
     check_spectral_inference(spectral_inference)
     grad = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
     if (spectral_inference == 'tridiagonal' and method == 'spectral' and not grad
@@ -1340,7 +1360,7 @@ def newton_pinv_apply(A, Z, iters=20, method='iterative', nonnegative=False, *,
             thin_steps, -A.shape[-1] // -options['pad_to'] * options['pad_to'], Z.shape[-1],
             A[..., 0, 0].numel())):
         return _NewtonPinvThin.apply(A, Z, iters, method, nonnegative, options, thin_steps,
-                                     grad)
+                                     grad or thin_horner == 'always')
     return _NewtonPinvApply.apply(A, Z, iters, method, nonnegative, options)
 
 

@@ -38,6 +38,10 @@ changes what is computed, only how (up to float rounding):
                        two; with gradients where that costs less than forming them, on
                        large kernels one for all of them; at most 'tf32''s last float32
                        steps)
+    thin_horner        where the thin steps run as one sum by Horner's rule (one m×m
+                       product for all of them) where that costs less than one by one
+                       (large kernels): 'training' (with gradients only) or 'always'
+                       (in inference too)
     spectral_inference without gradients, how 'spectral' applies its filter: 'eigh'
                        (eigenvectors) or 'tridiagonal' (A's tridiagonal form, about
                        half an eigendecomposition; needs SciPy; its filter is the
@@ -90,9 +94,9 @@ from types import MappingProxyType
 from typing import Optional, Tuple
 
 from .dtypes import triton_available
-from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_STEP_METHODS, TF32_FIRST_STEPS,
-                     TF32_FLOAT32_STEPS, check_pinv_options, check_spectral_inference,
-                     check_thin_steps)
+from .newton import (EIGH_DTYPE, EXACT_PINV_METHODS, THIN_HORNER, THIN_STEP_METHODS,
+                     TF32_FIRST_STEPS, TF32_FLOAT32_STEPS, check_pinv_options,
+                     check_spectral_inference, check_thin_steps)
 
 __all__ = [
     'AttentionPlan', 'DEFAULT_PLAN', 'PINV_METHODS', 'PLANS', 'attention_plan', 'plan_for',
@@ -123,6 +127,7 @@ class AttentionPlan:
         float32_products (str): 'float32', 'tf32x3' or 'fp16x3'.
         tf32_products (str): 'tf32' or 'fp16'.
         thin_steps (int): float32 steps applied to the thin matrix.
+        thin_horner (str): 'training' or 'always'.
         spectral_inference (str): 'eigh' or 'tridiagonal'.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
@@ -140,6 +145,7 @@ class AttentionPlan:
     float32_products: str = 'float32'
     tf32_products: str = 'tf32'
     thin_steps: int = 0
+    thin_horner: str = THIN_HORNER
     spectral_inference: str = 'eigh'
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
@@ -167,7 +173,8 @@ class AttentionPlan:
         # or a layer's pinv_method names them (the others take none: ``thin_steps_for``),
         # at most 'tf32''s last ones, after a formed float32 step; the layer's iteration
         # count is checked when it runs
-        check_thin_steps(self.thin_steps, 'tf32', self.tf32_float32_steps)
+        check_thin_steps(self.thin_steps, 'tf32', self.tf32_float32_steps,
+                         thin_horner=self.thin_horner)
         check_spectral_inference(self.spectral_inference)
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
@@ -322,9 +329,8 @@ class AttentionPlan:
 #   instead of 40). Gradients (TF32 emulated, `fidelity.py --size 640x640 --gradients
 #   --gradient-images astronaut --paths cuda tf32-1-4-pad32 official`, the steps thin at
 #   every layer) 1.1e-5 as formed (bound 1e-4); hard kernels at m = 1024 and 1156 within
-#   0.23 of the bound, as formed. Inference keeps the steps one by one: Horner's rule rounds more
-#   (SOFT-S's astronaut at 800×1344, CPU, TF32 emulated: worst map 4.9e-6 against
-#   1.5e-6; docs/en/notes/numerics.md).
+#   0.23 of the bound, as formed. Inference applies the steps one by one (thin_horner
+#   below).
 # - cuda, inference (H100, docs/benchmark/cuda_h100_2026-11-27/report.md): SOFT-S's
 #   forward at 800×1344, `benchmark.py --device cuda --sections speed --models SOFT-S
 #   Swin-T --sizes 512x512 800x1344 --rounds 5 --skip-official --soft-plans
@@ -340,6 +346,17 @@ class AttentionPlan:
 #   float32 official order's). TF32 emulated on the CPU it keeps the hard-kernel bound
 #   (within 1.5× of the formed schedule where its last float32 steps matter;
 #   tests/models/attention/test_attention.py).
+#
+# thin_horner: 'training' on every plan. 'always' (an opt-in, path modifier +horner)
+#   applies the thin steps by Horner's rule in inference too where that costs less
+#   (newton._horner_steps): at 800×1344 (m = 1056) one float32 m×m product per layer
+#   for CUDA's 4 thin steps instead of 4. Not yet timed on a GPU (the device report's
+#   fp32 step: default+horner; --part decide: default+guarded+horner). The steps apply
+#   V first (newton._NewtonPinvThin), so Horner's rule keeps the floor as one by one
+#   does: TF32 emulated on the CPU, SOFT-S at 800×1344, worst map one by one / Horner's
+#   rule 2.0e-6 / 2.0e-6 (astronaut), 1.5e-6 / 1.9e-6 (page), 1.8e-6 / 1.9e-6 (blank),
+#   1.8e-6 / 1.7e-6 (cat); with V applied last Horner's rule took the astronaut to
+#   8.6e-6 (docs/en/notes/numerics.md).
 #
 # spectral_inference: 'tridiagonal' on the CPU where SciPy is installed ('eigh' without
 #   it; no other plan runs 'spectral'). `benchmark.py --sections speed --models SOFT-S

@@ -518,6 +518,7 @@ def _apply_inverse(A, Z, iters, normalize, method, plan):
     else:
         W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
                               thin_steps=plan.thin_steps_for(method, iters),
+                              thin_horner=plan.thin_horner,
                               spectral_inference=plan.spectral_inference,
                               **plan.pinv_options())
     return d_inv_sqrt * W if normalize else W

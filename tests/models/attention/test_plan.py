@@ -85,6 +85,8 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(tf32_float32_steps=(1, )), ValueError),
     (dict(tf32_float32_steps=(1, -2)), ValueError),
     (dict(tf32_first_steps='never'), ValueError),
+    (dict(thin_horner='inference'), ValueError),
+    (dict(thin_horner=True), ValueError),
     # 'guarded' decides where the first float32 steps run: a schedule without any
     (dict(pinv='tf32', tf32_float32_steps=(0, 4), tf32_first_steps='guarded'), ValueError),
     (dict(pinv_pad=0), ValueError),
@@ -203,13 +205,14 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
                         eigh_dtype='float32', thin_steps=2, spectral_inference='eigh',
                         float32_products='tf32x3', tf32_products='fp16',
-                        tf32_first_steps='guarded'):
+                        tf32_first_steps='guarded', thin_horner='always'):
         soft_attention(q, lm, v)
         soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
         soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
     options = dict(nonnegative=True, eigh_dtype='float32', tf32_float32_steps=(2, 3), pad_to=8,
                    float32_products='tf32x3', tf32_products='fp16',
-                   tf32_first_steps='guarded', spectral_inference='eigh')
+                   tf32_first_steps='guarded', thin_horner='always',
+                   spectral_inference='eigh')
     assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
                     dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
