@@ -9,7 +9,10 @@ mmsoft/models/attention/plan.py), one section per field:
           ``thin_steps``
   matmul  the rate of one m×m product in float32, TF32 and split TF32: whether TF32
           reaches the tensor cores; and of the iterate's products on fp16 tensor
-          cores, each way (``iterate_matmul.GEMMS``), alone and in Newton steps
+          cores, each way (``iterate_matmul.GEMMS``), alone and in Newton steps; which
+          call of a TF32 or float32 product (the step's or the product alone, cuBLAS
+          or cuBLASLt, TunableOp) and which padded m run a landmark kernel fastest:
+          ``pinv_pad`` and how the steps call their products
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
           ``HeadSharedConv``: decides ``local_conv_layout``
   kernel  the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's stages 1-3, P
@@ -17,6 +20,9 @@ mmsoft/models/attention/plan.py), one section per field:
           ``kernel_chunk`` and ``kernel_once_up_to``
 """
 import math
+import os
+import tempfile
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
 
 import numpy as np
@@ -235,11 +241,177 @@ def _step_times(args, m, steps=STEPS_TIMED, runs=3):
     return {k: time_call(args, fn, runs=runs) / steps for k, fn in calls.items()}
 
 
+# -------------------------------------------------------- matmul: the product's calls
+# The batches of the call sweep (``_call_sweep``): SOFT-S's landmark kernels per layer at
+# 800×1344 are 2, 4 and 10 per image in stages 1-3 (its heads), twice that in a training
+# step at batch 2.
+CALL_BATCHES = (2, 4, 10, 20)
+# the batch whose GPU kernels the sweep traces (stage 3's, 70 of SOFT-S's 84 kernels)
+TRACED_BATCH = 10
+
+
+@contextmanager
+def _blas_library(name):
+    """torch's preferred BLAS library for CUDA products ('cublas' or 'cublaslt') inside
+    the block, restored after (a process-wide setting)."""
+    library = torch.backends.cuda.preferred_blas_library
+    old = library()
+    library(name)
+    try:
+        yield
+    finally:
+        library(old)
+
+
+@contextmanager
+def _tunable_op():
+    """torch's TunableOp on, tuning included, inside the block: each new product shape
+    is timed once with every implementation TunableOp has for it (on CUDA cuBLASLt's
+    heuristic candidates), the fastest kept; results in a temporary file, settings
+    restored after."""
+    tunable = torch.cuda.tunable
+    old = (tunable.is_enabled(), tunable.tuning_is_enabled(), tunable.get_filename())
+    with tempfile.TemporaryDirectory() as tmp:
+        tunable.set_filename(os.path.join(tmp, 'tunableop_results.csv'))
+        if hasattr(tunable, 'write_file_on_exit'):
+            tunable.write_file_on_exit(False)
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        try:
+            yield
+        finally:
+            tunable.tuning_enable(old[1])
+            tunable.enable(old[0])
+            tunable.set_filename(old[2])
+
+
+def _tuned_lt():
+    """cuBLASLt preferred and TunableOp on (``_blas_library``, ``_tunable_op``)."""
+    stack = ExitStack()
+    stack.enter_context(_blas_library('cublaslt'))
+    stack.enter_context(_tunable_op())
+    return stack
+
+
+def _step_call(c, a, b):
+    """2c - a·b: the Newton step's call (``newton._newton_steps``; c is V, a·b V·X)."""
+    return torch.baddbmm(c, a, b, beta=2, alpha=-1)
+
+
+def _product_call(c, a, b):
+    """a·b alone: no epilogue, so no copy of c into the result first."""
+    return torch.bmm(a, b)
+
+
+def _transposed_call(c, a, b):
+    """a·b as (bᵀ·aᵀ)ᵀ: the same sums in the other operand layout (a transposed view)."""
+    return torch.bmm(b.mT, a.mT).mT
+
+
+def _calls(device):
+    """{column: (fn(c, a, b), is_step, context)} for the ways ``device`` can make one
+    batched product of the iteration, each called inside ``context()``: the step's call
+    (is_step: 2c - a·b), the product alone, in the other operand layout; on CUDA also
+    through cuBLASLt (torch's preferred_blas_library) and through TunableOp's choice
+    among cuBLASLt's candidates."""
+    calls = {'baddbmm': (_step_call, True, nullcontext),
+             'bmm': (_product_call, False, nullcontext),
+             'bmm, transposed': (_transposed_call, False, nullcontext)}
+    if device == 'cuda' and hasattr(torch.backends.cuda, 'preferred_blas_library'):
+        lt = partial(_blas_library, 'cublaslt')
+        calls['baddbmm, cuBLASLt'] = (_step_call, True, lt)
+        calls['bmm, cuBLASLt'] = (_product_call, False, lt)
+        if hasattr(torch.cuda, 'tunable'):
+            calls['bmm, cuBLASLt, TunableOp'] = (_product_call, False, _tuned_lt)
+    return calls
+
+
+def _call_sweep(args, sizes, precision, batches=CALL_BATCHES):
+    """One ``precision`` product ('tf32' or 'float32'; TF32 on CUDA only) made by every
+    call of ``_calls`` at every m of ``sizes`` and batch of ``batches``: {'times': {m:
+    {batch: {column: seconds}}}, 'deviations': {m: {column: max |Δ| / max |ref|}},
+    'kernels': {column: {m: GPU kernels at batch ``TRACED_BATCH``}}, 'tuned':
+    TunableOp's choices}. A deviation is the call's result against float64 (the first
+    batch): ~1e-4 to 1e-3 for TF32 products, ~1e-6 for float32 ones, so it says which
+    precision ran."""
+    from mmsoft.models.attention import newton
+    calls = _calls(args.device)
+    out = {'times': {}, 'deviations': {}, 'kernels': {}, 'tuned': []}
+    tf32 = newton._cuda_tf32_matmuls if precision == 'tf32' else nullcontext
+    g = torch.Generator(device=args.device).manual_seed(0)
+    for m in sizes:
+        times = out['times'][m] = {}
+        for batch in batches:
+            a, b = (torch.randn(batch, m, m, device=args.device, generator=g) / m**0.5
+                    for _ in range(2))
+            ref = torch.bmm(a.double(), b.double()) if batch == batches[0] else None
+            times[batch] = {}
+            for name, (fn, step, context) in calls.items():
+                with tf32(), context():
+                    times[batch][name] = time_call(args, partial(fn, a, a, b), runs=20)
+                    if ref is not None:
+                        r = 2 * a.double() - ref if step else ref
+                        d = (fn(a, a, b).double() - r).abs().max() / r.abs().max()
+                        out['deviations'].setdefault(m, {})[name] = d.item()
+                    if args.device == 'cuda' and batch == TRACED_BATCH:
+                        try:
+                            traced = _gpu_kernels(partial(fn, a, a, b))
+                        except RuntimeError as e:  # a profiler that cannot trace
+                            traced = [f'(not traced: {e})']
+                        out['kernels'].setdefault(name, {})[m] = traced
+                    if context is _tuned_lt:
+                        out['tuned'] = [', '.join(map(str, r))
+                                        for r in torch.cuda.tunable.get_results()]
+    return out
+
+
+def _call_lines(sweep, precision):
+    """A ``_call_sweep``'s table (µs per kernel and TFLOP/s per column, by m and batch),
+    its deviations, traced kernels and TunableOp's choices, as the matmul section
+    prints them."""
+    times, deviations, kernels = sweep['times'], sweep['deviations'], sweep['kernels']
+    names = list(next(iter(next(iter(times.values())).values())))
+    lines = ['', '| m | batch | ' + ' | '.join(f'{n}: µs per kernel, TFLOP/s'
+                                                for n in names) + ' |',
+             '|---|---|' + '---|' * len(names)]
+    for m, rows in times.items():
+        for batch, t in rows.items():
+            lines.append(f'| {m} | {batch} | ' + ' | '.join(
+                f'{t[n] / batch * 1e6:.0f}, {2 * batch * m**3 / t[n] / 1e12:.3g}'
+                for n in names) + ' |')
+    shown = {'tf32': 'TF32', 'float32': 'float32'}[precision]
+    lines.append(
+        f"\nOne batched {shown} product of the iteration (a·b, or the step's 2a - a·b), "
+        'each way it can be called, in µs per landmark kernel: for a batch, the m with '
+        'the least time is the padding that runs a kernel of fewer landmarks fastest; '
+        "TFLOP/s counts 2m³ per product. baddbmm: the Newton step's call (torch copies a "
+        "into the result, which the product's epilogue then updates); bmm: the product "
+        "alone; transposed: (bᵀ·aᵀ)ᵀ; cuBLASLt: torch's preferred_blas_library; "
+        "TunableOp: torch.cuda.tunable's fastest of cuBLASLt's candidates for the shape "
+        '(tuned once, before the timing).')
+    lines.append(f'\nDeviation from the float64 result (max |Δ| / max |ref|, batch '
+                 f'{CALL_BATCHES[0]}): ~1e-4 to 1e-3 where TF32 products ran (operands '
+                 'rounded to 10 bits), ~1e-6 for float32 ones.\n')
+    lines += [f'- m = {m}: ' + ', '.join(f'{n} {v:.1e}' for n, v in d.items())
+              for m, d in deviations.items()]
+    if kernels:
+        lines.append('')
+        lines += [f'GPU kernels of {n} at m = {m}, batch {TRACED_BATCH}: '
+                  + ', '.join(f'`{k}`' for k in ks)
+                  for n, per_m in kernels.items() for m, ks in per_m.items()]
+    if sweep['tuned']:
+        lines.append(f"\nTunableOp's choices, {shown} (operator, shape, solution, ms): "
+                     + '; '.join(sweep['tuned']))
+    return lines
+
+
 def section_matmul(args, out):
     """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3':
     three library products), and with Triton 3 ``iterate_matmul``'s kernel (split TF32,
     TF32's rounding from fp16 tensor cores, and split fp16) with its deviations, at
-    aligned and unaligned m (CUDA; on another device only float32)."""
+    aligned and unaligned m (CUDA; on another device only float32). Then the call sweep
+    (``_call_sweep``): one TF32 and one float32 product called each way torch can call
+    it, at SOFT-S's landmark batches, per padded m (on another device float32 only)."""
     kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
     if args.device == 'cuda' and triton_available():
         kinds += _kernel_kinds()
@@ -333,6 +505,11 @@ def section_matmul(args, out):
                  'which a Newton step shares between products). TF32 tensor cores '
                  'should reach several times the float32 rate; if they do not at an '
                  'aligned m, the TF32 setting does not reach the products that run.')
+    # which call of a product, and which padding, runs a landmark kernel fastest
+    out['calls'] = {}
+    for precision in ('tf32', 'float32') if args.device == 'cuda' else ('float32', ):
+        out['calls'][precision] = sweep = _call_sweep(args, sizes, precision)
+        lines += _call_lines(sweep, precision)
     return lines
 
 

@@ -47,6 +47,15 @@ def test_benchmark_sections(tmp_path, capsys):
     assert {'iterative, thin', 'spectral, eigh float32'} <= set(res['pinv']['16'])
     assert not any('tf32' in c for c in res['pinv']['16'])  # CUDA only
     assert list(res['matmul']) == ['40'] and list(res['matmul']['40']) == ['float32']
+    assert list(res['calls']) == ['float32']  # the call sweep; TF32 on CUDA only
+    sweep = res['calls']['float32']
+    assert list(sweep['times']['40']) == ['2', '4', '10', '20']
+    assert list(sweep['times']['40']['10']) == ['baddbmm', 'bmm', 'bmm, transposed']
+    assert all(t > 0 for row in sweep['times']['40'].values() for t in row.values())
+    # each call makes its product (the step's 2a - a·b, the others a·b): float32 sums
+    assert max(sweep['deviations']['40'].values()) < 1e-5, sweep['deviations']
+    assert not sweep['kernels'] and not sweep['tuned']  # traced and tuned on CUDA only
+    assert '| 40 | 10 | ' in printed and 'bmm, transposed: µs per kernel' in printed
     assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
                                   for step in ('forward', 'train')}
     assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
@@ -192,6 +201,31 @@ def test_tf32_conversion_check_tells_the_conversions_apart():
     from mmsoft.benchmark.plan import _tf32_conversion
     c = _tf32_conversion(64, 'cpu')
     assert c['float32'] < 1e-5 < c['rounded'] < c['cut']
+
+
+def test_call_sweep_switches_torch_settings_inside_its_columns_only():
+    """The sweep's cuBLASLt and TunableOp columns set process-wide settings of torch
+    (the preferred BLAS library, TunableOp and its tuning and file) inside their block,
+    and restore them after; on CUDA the sweep has those columns, elsewhere not."""
+    import torch
+    if not (hasattr(torch.backends.cuda, 'preferred_blas_library')
+            and hasattr(torch.cuda, 'tunable')):
+        pytest.skip('this torch has no preferred BLAS library or TunableOp')
+    from mmsoft.benchmark.plan import _calls, _tuned_lt
+    library, tunable = torch.backends.cuda.preferred_blas_library, torch.cuda.tunable
+
+    def settings():
+        return (library().name, tunable.is_enabled(), tunable.tuning_is_enabled(),
+                tunable.get_filename())
+
+    before = settings()
+    with _tuned_lt():
+        inside = settings()
+    assert settings() == before
+    assert inside[:3] == ('Cublaslt', True, True) and inside[3] != before[3]
+    assert set(_calls('cuda')) - set(_calls('cpu')) == {
+        'baddbmm, cuBLASLt', 'bmm, cuBLASLt', 'bmm, cuBLASLt, TunableOp'}
+    assert settings() == before
 
 
 def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):

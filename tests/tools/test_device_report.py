@@ -193,8 +193,9 @@ def test_compile_steps_measure_one_round_at_one_size():
             elif name == 'decide-fp32':  # the detection size only, two rounds
                 assert _last(cmd, '--rounds') == ['2'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--rounds'], name
-            elif name == 'decide-matmul':  # one product size, no network
-                assert _last(cmd, '--matmul-sizes') == ['1056'], name
+            elif name == 'decide-matmul':  # 1050 landmarks padded 4 ways, no network
+                assert _last(cmd, '--matmul-sizes', 5) == ['1056', '1088', '1152', '1280',
+                                                           '--json'], name
             else:
                 assert _last(cmd, '--rounds') == ['3'], name
                 assert _last(cmd, '--sizes', 2) == ['512x512', '800x1344'], name

@@ -10,7 +10,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  TF32 and, in the Triton kernel, split TF32, fp16 and split fp16, the
                  last two also in cuBLAS (ms, TFLOP/s, and each one's deviations), and
                  Newton steps each way: do TF32 products reach the tensor cores, and
-                 how fast and how exact are the fp16 ones, each way?
+                 how fast and how exact are the fp16 ones, each way? Then one TF32
+                 product called each way (the step's baddbmm or bmm alone, transposed,
+                 cuBLASLt, TunableOp) at SOFT-S's landmark batches, per padded m
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
@@ -38,8 +40,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  the plan's pinv and its options
   --part decide (what CUDA's plan is chosen from, lean: one call of ~5 minutes where
   device time is short; SOFT-S and Swin-T at 800x1344 only, DECIDE_PATHS)
-  decide-matmul   benchmark --sections matmul at m = 1056: every way to make one
-                  product, side by side
+  decide-matmul   benchmark --sections matmul at 1050 landmarks padded to a multiple
+                  of 32, 64, 128 and 256 (PADDED_SIZES): every way to make one product,
+                  side by side, and every way to call a TF32 one
   decide-fp32     benchmark --sections speed,train at 800x1344, 2 rounds: the plan and
                   DECIDE_PATHS against Swin-T
   decide-fidelity fidelity.py at 800x1344 (astronaut, page, blank; gradients on the
@@ -159,15 +162,19 @@ FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
 SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, FP16,
                FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
 
+# SOFT-S's 1050 landmarks at 800x1344 padded to a multiple of 32 (CUDA's plan), 64, 128
+# and 256: the sizes the matmul steps time one product at, each way it can be made (the
+# TF32 call sweep among them: which padding and which call run a kernel fastest)
+PADDED_SIZES = ('1056', '1088', '1152', '1280')
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
 STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
     'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
-                                     '1025', '1050', '1056', '1088'],
+                                     '1025', '1050', *PADDED_SIZES],
                "one m×m product: float32, TF32, split TF32, the Triton kernel's "
                "(split TF32, fp16, split fp16) and cuBLAS's fp16 ones; Newton steps each "
-               'way'),
+               'way; the TF32 product called each way (cuBLAS, cuBLASLt, TunableOp)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default', FORMED, GUARDED],
@@ -215,8 +222,8 @@ STEPS = {
     'fp16': ('extra', 'benchmark', ['--sections', 'speed,train', '--amp', 'fp16'],
              'speed and training step, autocast to float16'),
     'decide-matmul': ('decide', 'benchmark', ['--sections', 'matmul', '--matmul-sizes',
-                                              '1056'],
-                      'one m×m product each way at m = 1056'),
+                                              *PADDED_SIZES],
+                      'one m×m product each way, at 1050 landmarks padded 4 ways'),
     'decide-fp32': ('decide', 'benchmark', ['--sections', 'speed,train', '--models', 'SOFT-S',
                                             'Swin-T', '--sizes', '800x1344', '--rounds', '2',
                                             '--skip-official', '--soft-plans', *DECIDE_PATHS],

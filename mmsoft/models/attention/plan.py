@@ -313,7 +313,12 @@ class AttentionPlan:
 #   1.0e-5; docs/en/notes/numerics.md).
 #
 # pinv_pad: 32 on CUDA (the aligned TF32 kernels above; zero padding changes no value:
-#   the iterate of the padded block is the same), 1 elsewhere.
+#   the iterate of the padded block is the same), 1 elsewhere. Open: the matmul
+#   section's call sweep (`device_report.py --part decide`, step decide-matmul) times
+#   1050 landmarks padded to 1056, 1088, 1152 and 1280, each way a TF32 product can be
+#   called (cuBLAS, cuBLASLt, TunableOp; the step's baddbmm or bmm alone), at SOFT-S's
+#   batches: not measured yet (docs/en/notes/per_device_plans.md, "How fast one TF32
+#   product runs").
 #
 # thin_steps: CUDA's 4 last float32 steps applied to the thin matrix (they run on CUDA
 #   cores, ~4.5 TF32 products' time each). In inference one m×m product each instead
