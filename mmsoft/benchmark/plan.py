@@ -331,12 +331,13 @@ def _call_sweep(args, sizes, precision, batches=CALL_BATCHES):
     call of ``_calls`` at every m of ``sizes`` and batch of ``batches``: {'times': {m:
     {batch: {column: seconds}}}, 'deviations': {m: {column: max |Δ| / max |ref|}},
     'kernels': {column: {m: GPU kernels at batch ``TRACED_BATCH``}}, 'tuned':
-    TunableOp's choices}. A deviation is the call's result against float64 (the first
-    batch): ~1e-4 to 1e-3 for TF32 products, ~1e-6 for float32 ones, so it says which
-    precision ran."""
+    TunableOp's choices, 'failed': {column: the error that stopped it}} (a failed
+    column's times None from there on). A deviation is the call's result against
+    float64 (the first batch): ~1e-4 to 1e-3 for TF32 products, ~1e-6 for float32 ones,
+    so it says which precision ran."""
     from mmsoft.models.attention import newton
     calls = _calls(args.device)
-    out = {'times': {}, 'deviations': {}, 'kernels': {}, 'tuned': []}
+    out = {'times': {}, 'deviations': {}, 'kernels': {}, 'tuned': [], 'failed': {}}
     tf32 = newton._cuda_tf32_matmuls if precision == 'tf32' else nullcontext
     g = torch.Generator(device=args.device).manual_seed(0)
     for m in sizes:
@@ -347,22 +348,33 @@ def _call_sweep(args, sizes, precision, batches=CALL_BATCHES):
             ref = torch.bmm(a.double(), b.double()) if batch == batches[0] else None
             times[batch] = {}
             for name, (fn, step, context) in calls.items():
-                with tf32(), context():
-                    times[batch][name] = time_call(args, partial(fn, a, a, b), runs=20)
-                    if ref is not None:
-                        r = 2 * a.double() - ref if step else ref
-                        d = (fn(a, a, b).double() - r).abs().max() / r.abs().max()
-                        out['deviations'].setdefault(m, {})[name] = d.item()
-                    if args.device == 'cuda' and batch == TRACED_BATCH:
-                        try:
-                            traced = _gpu_kernels(partial(fn, a, a, b))
-                        except RuntimeError as e:  # a profiler that cannot trace
-                            traced = [f'(not traced: {e})']
-                        out['kernels'].setdefault(name, {})[m] = traced
-                    if context is _tuned_lt:
-                        out['tuned'] = [', '.join(map(str, r))
-                                        for r in torch.cuda.tunable.get_results()]
+                times[batch][name] = None
+                if name in out['failed']:
+                    continue
+                try:
+                    with tf32(), context():
+                        times[batch][name] = time_call(args, partial(fn, a, a, b), runs=20)
+                        if ref is not None:
+                            r = 2 * a.double() - ref if step else ref
+                            d = (fn(a, a, b).double() - r).abs().max() / r.abs().max()
+                            out['deviations'].setdefault(m, {})[name] = d.item()
+                        if args.device == 'cuda' and batch == TRACED_BATCH:
+                            out['kernels'].setdefault(name, {})[m] = _traced(fn, a, b)
+                        if context is _tuned_lt:
+                            out['tuned'] = [', '.join(map(str, r))
+                                            for r in torch.cuda.tunable.get_results()]
+                except RuntimeError as e:  # an experimental library path: the others stand
+                    out['failed'][name] = f'{type(e).__name__}: {str(e)[:300]}'
     return out
+
+
+def _traced(fn, a, b):
+    """The GPU kernels of ``fn(a, a, b)`` (``_gpu_kernels``), or why they could not be
+    traced."""
+    try:
+        return _gpu_kernels(partial(fn, a, a, b))
+    except RuntimeError as e:  # a profiler that cannot trace
+        return [f'(not traced: {e})']
 
 
 def _call_lines(sweep, precision):
@@ -377,6 +389,7 @@ def _call_lines(sweep, precision):
     for m, rows in times.items():
         for batch, t in rows.items():
             lines.append(f'| {m} | {batch} | ' + ' | '.join(
+                '–' if t[n] is None else
                 f'{t[n] / batch * 1e6:.0f}, {2 * batch * m**3 / t[n] / 1e12:.3g}'
                 for n in names) + ' |')
     shown = {'tf32': 'TF32', 'float32': 'float32'}[precision]
@@ -399,6 +412,7 @@ def _call_lines(sweep, precision):
         lines += [f'GPU kernels of {n} at m = {m}, batch {TRACED_BATCH}: '
                   + ', '.join(f'`{k}`' for k in ks)
                   for n, per_m in kernels.items() for m, ks in per_m.items()]
+    lines += [f'- {n} failed (–): {why}' for n, why in sweep['failed'].items()]
     if sweep['tuned']:
         lines.append(f"\nTunableOp's choices, {shown} (operator, shape, solution, ms): "
                      + '; '.join(sweep['tuned']))

@@ -228,6 +228,30 @@ def test_call_sweep_switches_torch_settings_inside_its_columns_only():
     assert settings() == before
 
 
+def test_call_sweep_records_a_failing_call_and_keeps_the_others(monkeypatch):
+    """A call that raises (an experimental library path, e.g. TunableOp's) is reported
+    with its error and skipped from there on; the other calls' times, and the matmul
+    section's table before them, stand."""
+    from contextlib import nullcontext
+
+    from mmsoft.benchmark import plan
+
+    def broken(c, a, b):
+        raise RuntimeError('CUBLAS_STATUS_NOT_SUPPORTED')
+
+    calls = dict(plan._calls('cpu'), broken=(broken, False, nullcontext))
+    monkeypatch.setattr(plan, '_calls', lambda device: calls)
+    sweep = plan._call_sweep(argparse.Namespace(device='cpu'), [16], 'float32',
+                             batches=(2, 4))
+    assert sweep['failed'] == {'broken': 'RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED'}
+    for row in sweep['times'][16].values():
+        assert row['broken'] is None and row['bmm'] > 0
+    assert set(sweep['deviations'][16]) == set(calls) - {'broken'}
+    lines = plan._call_lines(sweep, 'float32')
+    assert any(line.startswith('| 16 | 4 | ') and line.endswith(' | – |') for line in lines)
+    assert '- broken failed (–): RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED' in lines
+
+
 def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
     """--soft-plans adds SOFT-S rows to speed and train, each measured with the named
     plan forced for the device type (fidelity.py's path names); an unknown name is a
