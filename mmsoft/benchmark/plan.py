@@ -173,13 +173,17 @@ def _product(kind, a, b):
 
 
 def _gpu_kernels(fn):
-    """The names of the GPU kernels one call of ``fn`` launches (torch.profiler)."""
+    """The names of the GPU kernels one call of ``fn`` launches (torch.profiler), or
+    why they could not be traced (a profiler that cannot trace: the times stand)."""
     from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    try:
         fn()
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    except RuntimeError as e:
+        return [f'(not traced: {e})']
     return sorted({e.key for e in prof.key_averages()
                    if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA})
 
@@ -267,8 +271,9 @@ def _blas_library(name):
 def _tunable_op():
     """torch's TunableOp on, tuning included, inside the block: each new product shape
     is timed once with every implementation TunableOp has for it (on CUDA cuBLASLt's
-    heuristic candidates), the fastest kept; results in a temporary file, settings
-    restored after."""
+    heuristic candidates), the fastest kept; results in a temporary file. Its settings
+    are restored after, except that the results are no longer written at exit (the
+    file is gone by then; torch has no getter for that setting)."""
     tunable = torch.cuda.tunable
     old = (tunable.is_enabled(), tunable.tuning_is_enabled(), tunable.get_filename())
     with tempfile.TemporaryDirectory() as tmp:
@@ -359,22 +364,14 @@ def _call_sweep(args, sizes, precision, batches=CALL_BATCHES):
                             d = (fn(a, a, b).double() - r).abs().max() / r.abs().max()
                             out['deviations'].setdefault(m, {})[name] = d.item()
                         if args.device == 'cuda' and batch == TRACED_BATCH:
-                            out['kernels'].setdefault(name, {})[m] = _traced(fn, a, b)
+                            out['kernels'].setdefault(name, {})[m] = _gpu_kernels(
+                                partial(fn, a, a, b))
                         if context is _tuned_lt:
                             out['tuned'] = [', '.join(map(str, r))
                                             for r in torch.cuda.tunable.get_results()]
                 except RuntimeError as e:  # an experimental library path: the others stand
                     out['failed'][name] = f'{type(e).__name__}: {str(e)[:300]}'
     return out
-
-
-def _traced(fn, a, b):
-    """The GPU kernels of ``fn(a, a, b)`` (``_gpu_kernels``), or why they could not be
-    traced."""
-    try:
-        return _gpu_kernels(partial(fn, a, a, b))
-    except RuntimeError as e:  # a profiler that cannot trace
-        return [f'(not traced: {e})']
 
 
 def _call_lines(sweep, precision):
@@ -494,10 +491,7 @@ def section_matmul(args, out):
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
             for k in traced:
-                try:
-                    kernels[f'{k} at m = {m}'] = _gpu_kernels(partial(_product, k, a, a))
-                except RuntimeError as e:  # a profiler that cannot trace: the times stand
-                    kernels[f'{k} at m = {m}'] = [f'(not traced: {e})']
+                kernels[f'{k} at m = {m}'] = _gpu_kernels(partial(_product, k, a, a))
         out['matmul_kernels'] = kernels
         lines.append('')
         lines += [f'GPU kernels of {name}: ' + ', '.join(f'`{n}`' for n in names)

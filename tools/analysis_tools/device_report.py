@@ -11,8 +11,9 @@ runs. The steps, by part (one call of a lent GPU machine each):
                  last two also in cuBLAS (ms, TFLOP/s, and each one's deviations), and
                  Newton steps each way: do TF32 products reach the tensor cores, and
                  how fast and how exact are the fp16 ones, each way? Then one TF32
-                 product called each way (the step's baddbmm or bmm alone, transposed,
-                 cuBLASLt, TunableOp) at SOFT-S's landmark batches, per padded m
+                 and one float32 product called each way (the step's baddbmm or bmm
+                 alone, transposed, cuBLASLt, TunableOp) at SOFT-S's landmark batches,
+                 per padded m
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
@@ -42,7 +43,7 @@ runs. The steps, by part (one call of a lent GPU machine each):
   device time is short; SOFT-S and Swin-T at 800x1344 only, DECIDE_PATHS)
   decide-matmul   benchmark --sections matmul at 1050 landmarks padded to a multiple
                   of 32, 64, 128 and 256 (PADDED_SIZES): every way to make one product,
-                  side by side, and every way to call a TF32 one
+                  side by side, and every way to call a TF32 or a float32 one
   decide-fp32     benchmark --sections speed,train at 800x1344, 2 rounds: the plan and
                   DECIDE_PATHS against Swin-T
   decide-fidelity fidelity.py at 800x1344 (astronaut, page, blank; gradients on the
@@ -164,8 +165,9 @@ SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, 
 
 # SOFT-S's 1050 landmarks at 800x1344 padded to a multiple of 32 (CUDA's plan), 64, 128
 # and 256: the sizes the matmul steps time one product at, each way it can be made (the
-# TF32 call sweep among them: which padding and which call run a kernel fastest)
+# call sweep among them: which padding and which call run a kernel fastest)
 PADDED_SIZES = ('1056', '1088', '1152', '1280')
+
 # name -> (part, tool, its arguments, title); a benchmark step's own arguments override
 # FULL's, SMALL's override both. tool: 'pytest', 'benchmark' or 'fidelity'.
 STEPS = {
@@ -174,7 +176,8 @@ STEPS = {
                                      '1025', '1050', *PADDED_SIZES],
                "one m×m product: float32, TF32, split TF32, the Triton kernel's "
                "(split TF32, fp16, split fp16) and cuBLAS's fp16 ones; Newton steps each "
-               'way; the TF32 product called each way (cuBLAS, cuBLASLt, TunableOp)'),
+               'way; a TF32 and a float32 product called each way (cuBLAS, cuBLASLt, '
+               'TunableOp)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default', FORMED, GUARDED],
