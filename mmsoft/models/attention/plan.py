@@ -42,10 +42,11 @@ changes what is computed, only how (up to float rounding):
                        product for all of them) where that costs less than one by one
                        (large kernels): 'training' (with gradients only) or 'always'
                        (in inference too)
-    spectral_inference without gradients, how 'spectral' applies its filter: 'eigh'
-                       (eigenvectors) or 'tridiagonal' (A's tridiagonal form, about
-                       half an eigendecomposition; needs SciPy; its filter is the
-                       iterate's within 2.6e-7 at T = 20, not only up to rounding)
+    spectral_inference without gradients, how 'spectral' applies its filter, by the
+                       landmark count m: 'eigh' (eigenvectors) or 'tridiagonal' (A's
+                       tridiagonal form, about half an eigendecomposition but more
+                       Python and LAPACK calls per kernel; needs SciPy; its filter is
+                       the iterate's within 2.6e-7 at T = 20, not only up to rounding)
     kernel_chunk       row chunks of P = κ(Q, Q̃) of about this many elements, when P is
                        not formed whole (``soft.py``)
     kernel_once_up_to  without gradients P is formed whole up to this many elements
@@ -112,6 +113,23 @@ KERNEL_PRODUCTS = ('chunks', 'triton_chunks', 'fused')
 ORDERS = ('thin', 'official')
 
 
+def _size_table(value, name):
+    """A field chosen by the landmark count, as a tuple of (largest m, choice) pairs
+    tried in order, the last with None (every m); a plain choice means every m."""
+    table = ((None, value), ) if isinstance(value, str) else tuple(tuple(p) for p in value)
+    if not table or any(len(p) != 2 for p in table) or table[-1][0] is not None:
+        raise ValueError(f'{name} needs (largest m, choice) pairs, the last (None, choice) '
+                         f'for every m, got {value!r}')
+    return table
+
+
+def _for_size(table, m):
+    """The choice of a ``_size_table`` for m landmarks."""
+    for max_m, choice in table:
+        if max_m is None or m <= max_m:
+            return choice
+
+
 @dataclass(frozen=True)
 class AttentionPlan:
     """How SOFT's attention runs on one device type (module docstring).
@@ -128,7 +146,8 @@ class AttentionPlan:
         tf32_products (str): 'tf32' or 'fp16'.
         thin_steps (int): float32 steps applied to the thin matrix.
         thin_horner (str): 'training' or 'always'.
-        spectral_inference (str): 'eigh' or 'tridiagonal'.
+        spectral_inference (tuple[tuple[int | None, str]] | str): (largest m, 'eigh' or
+            'tridiagonal') pairs tried in order, as ``pinv``; a name means every m.
         kernel_chunk (int): elements per row chunk of P.
         kernel_once_up_to (int | None): P formed whole without gradients up to this
             many elements; None: always.
@@ -146,7 +165,7 @@ class AttentionPlan:
     tf32_products: str = 'tf32'
     thin_steps: int = 0
     thin_horner: str = THIN_HORNER
-    spectral_inference: str = 'eigh'
+    spectral_inference: Tuple[Tuple[Optional[int], str], ...] = 'eigh'
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     compiled_kernel_chunks: int = 4
@@ -155,16 +174,16 @@ class AttentionPlan:
     order: str = 'thin'
 
     def __post_init__(self):
-        pinv = ((None, self.pinv), ) if isinstance(self.pinv, str) else tuple(
-            tuple(p) for p in self.pinv)
+        pinv = _size_table(self.pinv, 'pinv')
         object.__setattr__(self, 'pinv', pinv)
-        if not pinv or pinv[-1][0] is not None:
-            raise ValueError(f'pinv needs a last (None, method) entry for every m, got '
-                             f'{pinv!r}')
         for _, method in pinv:
             if method not in EXACT_PINV_METHODS:
                 raise ValueError(f'pinv methods must be among {EXACT_PINV_METHODS}, got '
                                  f'{method!r}')
+        spectral = _size_table(self.spectral_inference, 'spectral_inference')
+        object.__setattr__(self, 'spectral_inference', spectral)
+        for _, how in spectral:
+            check_spectral_inference(how)
         object.__setattr__(self, 'tf32_float32_steps', check_pinv_options(
             self.eigh_dtype, self.tf32_float32_steps, self.pinv_pad, pad_name='pinv_pad',
             float32_products=self.float32_products, tf32_products=self.tf32_products,
@@ -175,7 +194,6 @@ class AttentionPlan:
         # count is checked when it runs
         check_thin_steps(self.thin_steps, 'tf32', self.tf32_float32_steps,
                          thin_horner=self.thin_horner)
-        check_spectral_inference(self.spectral_inference)
         if not isinstance(self.kernel_chunk, int) or self.kernel_chunk < 1:
             raise ValueError(f'kernel_chunk must be a positive int, got {self.kernel_chunk!r}')
         chunks = self.compiled_kernel_chunks
@@ -199,9 +217,11 @@ class AttentionPlan:
 
     def pinv_method(self, m):
         """The method 'auto' runs for m landmarks."""
-        for max_m, method in self.pinv:
-            if max_m is None or m <= max_m:
-                return method
+        return _for_size(self.pinv, m)
+
+    def spectral_inference_for(self, m):
+        """How 'spectral' applies its filter without gradients for m landmarks."""
+        return _for_size(self.spectral_inference, m)
 
     def resolve(self, pinv_method, m):
         """The concrete method a layer's ``pinv_method`` means for m landmarks under this
@@ -363,8 +383,23 @@ class AttentionPlan:
 #   1.8e-6 / 1.7e-6 (cat); with V applied last Horner's rule took the astronaut to
 #   8.6e-6 (docs/en/notes/numerics.md).
 #
-# spectral_inference: 'tridiagonal' on the CPU where SciPy is installed ('eigh' without
-#   it; no other plan runs 'spectral'). `benchmark.py --sections speed --models SOFT-S
+# spectral_inference: on the CPU where SciPy is installed 'eigh' up to 448 landmarks,
+#   'tridiagonal' above ('eigh' at every m without it; no other plan runs 'spectral').
+# - By m: SOFT-S's forward, `benchmark.py --sections speed --models SOFT-S Swin-T --sizes
+#   512x512 512x672 640x640 640x768 512x1024 800x1344 --soft-plans spectral-mixed
+#   spectral-tridiagonal --repeat 1 --rounds 4 --skip-official` (2-core AVX-512, medians
+#   of 4 interleaved rounds; docs/benchmark/cpu_spectral_inference_2026-11-29.json),
+#   eigh / 'tridiagonal' at every m: m = 256 (512×512) 884.0 ms / 1.074 s, 336
+#   (512×672) 1.182 / 1.349 s, 400 (640×640) 1.583 / 1.724 s, 480 (640×768) 2.340 /
+#   2.609 s, 512 (512×1024) 2.592 / 2.750 s, 1050 (800×1344) 8.606 / 9.002 s; this plan
+#   842.0 ms, 1.192, 1.510, 2.287, 2.593 and 9.548 s (Swin-T 524.3 ms-2.384 s). The
+#   same path timed twice in that run (this plan and 'tridiagonal' above 448) differed
+#   by up to 14 %: from m = 480 up the two ways are within that noise there, and on a
+#   2-core AVX2 CPU the tridiagonal form won at m = 1050 (below); below ~450 eigh wins
+#   by more. Small kernels pay the tridiagonal form's fixed cost per kernel (nine banded
+#   solves through SciPy, two Householder applications, two Sturm counts in Python),
+#   which a large kernel's reduction outweighs.
+# - At 800×1344 (m = 1050): `benchmark.py --sections speed --models SOFT-S
 #   Swin-T --sizes 800x1344 --soft-plans spectral-mixed spectral-tridiagonal --repeat 1
 #   --rounds 4 --skip-official` (2-core AVX2, medians of 4 interleaved rounds): SOFT-S
 #   13.27 s with 'tridiagonal' against 14.15 s and 14.19 s with eigh (the plan then,
@@ -418,7 +453,8 @@ class AttentionPlan:
 #   training step at batch 2 3.5 ms vs 7.6 ms); 'channels' only in stage 2's training
 #   step at 800×1344 (0.7 vs 0.9 ms).
 # 'tridiagonal' needs SciPy (MMDetection and MMSegmentation require it; MMPretrain not)
-_CPU_SPECTRAL_INFERENCE = 'tridiagonal' if importlib.util.find_spec('scipy') else 'eigh'
+_CPU_SPECTRAL_INFERENCE = (((448, 'eigh'), (None, 'tridiagonal'))
+                           if importlib.util.find_spec('scipy') else 'eigh')
 _PLANS = {
     'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral')), eigh_dtype='mixed',
                          spectral_inference=_CPU_SPECTRAL_INFERENCE, kernel_chunk=2**20,

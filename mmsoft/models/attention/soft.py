@@ -519,7 +519,7 @@ def _apply_inverse(A, Z, iters, normalize, method, plan):
         W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
                               thin_steps=plan.thin_steps_for(method, iters),
                               thin_horner=plan.thin_horner,
-                              spectral_inference=plan.spectral_inference,
+                              spectral_inference=plan.spectral_inference_for(A.shape[-1]),
                               **plan.pinv_options())
     return d_inv_sqrt * W if normalize else W
 

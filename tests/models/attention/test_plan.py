@@ -73,6 +73,9 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(local_conv_layout='bogus'), ValueError),
     (dict(pinv='auto'), ValueError),  # a plan names concrete methods
     (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry for every m
+    (dict(spectral_inference=((448, 'eigh'), )), ValueError),  # the same
+    (dict(spectral_inference=((448, 'eigh', 1), (None, 'eigh'))), ValueError),  # not a pair
+    (dict(spectral_inference=((448, 'lanczos'), (None, 'eigh'))), ValueError),
     (dict(kernel_chunk=0), ValueError),
     (dict(compiled_kernel_chunks=0), ValueError),
     (dict(compiled_kernel_chunks=True), ValueError),  # not a count
@@ -184,6 +187,34 @@ def test_a_plan_is_data():
     assert plan.pinv == ((None, 'spectral'), ) and plan.pinv_method(10**6) == 'spectral'
     assert dataclasses.replace(plan, kernel_chunk=8) == AttentionPlan(pinv='spectral',
                                                                       kernel_chunk=8)
+
+
+def test_spectral_inference_is_chosen_by_the_landmark_count(monkeypatch):
+    """A layer's kernel of m landmarks gets the plan's ``spectral_inference`` for m: a
+    plain choice for every m, or the first (largest m, choice) pair that holds (the
+    CPU's plan decomposes small kernels by eigh, large ones through their tridiagonal
+    form)."""
+    pytest.importorskip('scipy')
+    from mmsoft.models.attention import newton_pinv_apply
+    from mmsoft.models.attention import soft as soft_mod
+    plan = AttentionPlan(pinv='spectral', eigh_dtype='mixed',
+                         spectral_inference=((16, 'eigh'), (None, 'tridiagonal')))
+    assert plan.spectral_inference == ((16, 'eigh'), (None, 'tridiagonal'))
+    assert [plan.spectral_inference_for(m) for m in (1, 16, 17)] == [
+        'eigh', 'eigh', 'tridiagonal']
+    assert AttentionPlan(spectral_inference='eigh').spectral_inference == ((None, 'eigh'), )
+    seen = []
+
+    def recording(A, Z, iters, method, **kwargs):
+        seen.append((A.shape[-1], kwargs['spectral_inference']))
+        return newton_pinv_apply(A, Z, iters, method, **kwargs)
+
+    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
+    q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
+    with attention_plan(plan, device='cpu'), torch.no_grad():
+        for m in (16, 17):
+            soft_attention(q, torch.randn(1, 1, m, 8) * 0.3, v)
+    assert seen == [(16, 'eigh'), (17, 'tridiagonal')]
 
 
 def test_the_iterates_options_come_from_the_plan(monkeypatch):

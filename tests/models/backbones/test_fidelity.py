@@ -10,6 +10,7 @@ nearest measured on an H200's tensor cores).
 Random weights (seed 0); tools/analysis_tools/fidelity.py measures the same at any size
 and on a GPU.
 """
+import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -37,14 +38,17 @@ PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
              PLANS['cuda'], tf32_products='fp16', float32_products='fp16x3'),
          'cuda, first float32 step guarded': replace(PLANS['cuda'],
                                                      tf32_first_steps='guarded')}
-# and for the maps the CPU's plan where SciPy is missing (eigenvectors in inference too;
-# with gradients both are 'eigh'). CUDA's plan applies its last float32 steps to the thin
-# matrix (``thin_steps``): its maps are that path; at this size (m = 256, below a launch's
-# worth of flops per product) its training step forms them, as at 512×512 (larger
+# and for the maps the CPU's plan on larger kernels, forced here: their tridiagonal form
+# where SciPy is installed (this size's kernels take eigenvectors, as they do with
+# gradients and without SciPy at every size). CUDA's plan applies its last float32 steps
+# to the thin matrix (``thin_steps``): its maps are that path; at this size (m = 256,
+# below a launch's worth of flops per product) its training step forms them, as at 512×512 (larger
 # kernels run them thin in training too: tests/models/attention/test_attention.py,
 # docs/en/notes/numerics.md).
-MAP_PATHS = dict(PATHS, **{
-    'cpu without SciPy': replace(PLANS['cpu'], spectral_inference='eigh')})
+MAP_PATHS = dict(PATHS)
+if importlib.util.find_spec('scipy'):
+    MAP_PATHS['cpu, tridiagonal form'] = replace(PLANS['cpu'],
+                                                 spectral_inference='tridiagonal')
 
 
 @pytest.fixture(scope='module')
