@@ -83,7 +83,7 @@ def test_an_altered_number_fails_the_check(docs, capsys, doc, name):
 def test_a_changed_json_value_changes_the_cells(docs):
     """(c) A figure changed in the JSON reaches its cells: SOFT-S's H200 forward set to
     3× Swin-T's in the speed section of CUDA's default run, XCiT-SimA's H100 forward to
-    3× Swin-T's, landmark_grid=16's CPU training peak to half of Swin-T's in run C's
+    3× Swin-T's, landmark_grid=16's CPU training peak to half of Swin-T's in run E's
     memory section."""
     readme, bench, json_dir, args = docs
 
@@ -100,7 +100,7 @@ def test_a_changed_json_value_changes_the_cells(docs):
 
     edit_json(json_dir, 'cuda_h200/default.json', soft_h200)
     edit_json(json_dir, 'cuda_h100/fp32.json', xcit_h100)
-    edit_json(json_dir, 'cpu_memory_2026-11-25.json', grid16_cpu)
+    edit_json(json_dir, 'cpu_memory_2026-11-29.json', grid16_cpu)
     before = readme_cells(readme.read_text(), 'SOFT-S')
     assert tables.main(args + ['--check']) == 1
     assert tables.main(args) == 0

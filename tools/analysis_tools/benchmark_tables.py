@@ -53,8 +53,8 @@ LINK_BASE = '../benchmark/'  # docs/benchmark/ as linked from docs/en/benchmarks
 # cuda_h200/report.md.
 SOURCES = {
     'A': ('cpu_2026-11-24.json', 'run A'),
-    'B': ('cpu_speed_2026-11-25.json', 'run B'),
-    'C': ('cpu_memory_2026-11-25.json', 'run C'),
+    'D': ('cpu_speed_2026-11-29.json', 'run D'),
+    'E': ('cpu_memory_2026-11-29.json', 'run E'),
     'cpu-compile': ('cpu_compile_2026-11-24.json', 'the CPU compile run'),
     'launches': ('cpu_launches_2026-11-27.json', 'the operator count'),
     'fp32': ('cuda_h100/fp32.json', 'H100 fp32'),
@@ -91,13 +91,13 @@ SOURCE_LABELS['h100-thin'] = dict(SOURCE_LABELS['h200-default'], **{
 STALE = {('H100', 'SOFT-S [auto]')}
 DEVICES = ('CPU', 'H100')
 # Where each quantity is read, per device: (source, section), the first that has the model.
-FORWARD = {'CPU': (('B', 'speed'), ('C', 'memory'), ('A', 'modes')),
+FORWARD = {'CPU': (('D', 'speed'), ('E', 'memory'), ('A', 'modes')),
            'H100': (('fp32', 'speed'), ('memory-modes', 'memory'), ('memory-modes', 'modes')),
            'H200': (('h200-default', 'speed'), ('h200-fp32', 'speed'))}
-TRAINING_STEP = {'CPU': (('C', 'memory'), ),
+TRAINING_STEP = {'CPU': (('E', 'memory'), ),
                  'H100': (('fp32', 'train'), ('memory-modes', 'memory')),
                  'H200': (('h200-default', 'train'), )}
-PEAK = {'CPU': (('C', 'memory'), ), 'H100': (('memory-modes', 'memory'), )}
+PEAK = {'CPU': (('E', 'memory'), ), 'H100': (('memory-modes', 'memory'), )}
 # The other tables: (device, source)
 MODES_DEVIATION = (('CPU', 'A'), ('H100', 'memory-modes'))  # the first that has the mode
 PINV = {'CPU': 'A', 'H100': 'pinv'}
@@ -292,7 +292,7 @@ def table(header, rows):
 
 
 def cite(source, section=None):
-    """'run B ([cpu_speed_….json](../benchmark/cpu_speed_….json)), `speed`'."""
+    """'run D ([cpu_speed_….json](../benchmark/cpu_speed_….json)), `speed`'."""
     path, name = SOURCES[source]
     text = f'[{osp.basename(path)}]({LINK_BASE}{path})'
     text = f'{name} ({text})' if name.startswith('run') else text
@@ -309,8 +309,8 @@ def ordered(keys):
 
 
 def sources_note(what, device, figures, fmt_reference, name=label):
-    """A line naming where a column's figures come from: '- CPU forward: run B (…)
-    `speed`; run C (…) `memory` (rows …; Swin-T's there: 1.407 s)'. Where a column mixes
+    """A line naming where a column's figures come from: '- CPU forward: run D (…)
+    `speed`; run E (…) `memory` (rows …; Swin-T's there: 1.407 s)'. Where a column mixes
     sources, each but the one with the most rows names its rows (``name(key)``); a
     source other than the Swin-T row's names its Swin-T figure, the ratios' reference."""
     by_source = {}
