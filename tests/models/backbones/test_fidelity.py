@@ -80,7 +80,8 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
 # 1 + 15 + 4, emulated) 6.4e-6, CUDA's with the float32 iterate 6.6e-6 (the floor is
 # 1e-5: ≥ 1.5× margin); 20 TF32 steps 1.1e-4 on the text page. CUDA's with its last
 # float32 steps thin 7.2e-6 (2 threads, AVX2, where CUDA's formed was 6.6e-6). The CPU's
-# plan with the tridiagonal application 6.6e-6, without it (eigenvectors) 6.1e-6 (AVX2;
+# plan with the tridiagonal application (its way above 448 landmarks) 6.6e-6, with
+# eigenvectors (its way at this size's 240) 6.1e-6 (AVX2;
 # `tools/analysis_tools/fidelity.py --size 384x640 --paths spectral-mixed
 # spectral-tridiagonal`). On CUDA
 # itself at 384×640 CUDA's plan is within 4.0e-6; at 640×640 and 800×1344:
