@@ -22,7 +22,7 @@ mmsoft/models/attention/plan.py), one section per field:
 import math
 import os
 import tempfile
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import numpy as np
@@ -277,12 +277,12 @@ def _tunable_op():
     tunable = torch.cuda.tunable
     old = (tunable.is_enabled(), tunable.tuning_is_enabled(), tunable.get_filename())
     with tempfile.TemporaryDirectory() as tmp:
-        tunable.set_filename(os.path.join(tmp, 'tunableop_results.csv'))
-        if hasattr(tunable, 'write_file_on_exit'):
-            tunable.write_file_on_exit(False)
-        tunable.enable(True)
-        tunable.tuning_enable(True)
-        try:
+        try:  # restored whatever step of switching it on raises
+            tunable.set_filename(os.path.join(tmp, 'tunableop_results.csv'))
+            if hasattr(tunable, 'write_file_on_exit'):
+                tunable.write_file_on_exit(False)
+            tunable.enable(True)
+            tunable.tuning_enable(True)
             yield
         finally:
             tunable.tuning_enable(old[1])
@@ -290,12 +290,12 @@ def _tunable_op():
             tunable.set_filename(old[2])
 
 
+@contextmanager
 def _tuned_lt():
-    """cuBLASLt preferred and TunableOp on (``_blas_library``, ``_tunable_op``)."""
-    stack = ExitStack()
-    stack.enter_context(_blas_library('cublaslt'))
-    stack.enter_context(_tunable_op())
-    return stack
+    """cuBLASLt preferred and TunableOp on (``_blas_library``, ``_tunable_op``); the
+    library is restored even where TunableOp refuses to start."""
+    with _blas_library('cublaslt'), _tunable_op():
+        yield
 
 
 def _step_call(c, a, b):
@@ -379,7 +379,9 @@ def _call_lines(sweep, precision):
     its deviations, traced kernels and TunableOp's choices, as the matmul section
     prints them."""
     times, deviations, kernels = sweep['times'], sweep['deviations'], sweep['kernels']
-    names = list(next(iter(next(iter(times.values())).values())))
+    first = next(iter(times.values()))  # {batch: {column: seconds}} of the first m
+    first_batch = next(iter(first))  # the batch the deviations were measured at
+    names = list(first[first_batch])
     lines = ['', '| m | batch | ' + ' | '.join(f'{n}: µs per kernel, TFLOP/s'
                                                 for n in names) + ' |',
              '|---|---|' + '---|' * len(names)]
@@ -400,7 +402,7 @@ def _call_lines(sweep, precision):
         "TunableOp: torch.cuda.tunable's fastest of cuBLASLt's candidates for the shape "
         '(tuned once, before the timing).')
     lines.append(f'\nDeviation from the float64 result (max |Δ| / max |ref|, batch '
-                 f'{CALL_BATCHES[0]}): ~1e-4 to 1e-3 where TF32 products ran (operands '
+                 f'{first_batch}): ~1e-4 to 1e-3 where TF32 products ran (operands '
                  'rounded to 10 bits), ~1e-6 for float32 ones.\n')
     lines += [f'- m = {m}: ' + ', '.join(f'{n} {v:.1e}' for n, v in d.items())
               for m, d in deviations.items()]

@@ -226,6 +226,20 @@ def test_call_sweep_switches_torch_settings_inside_its_columns_only():
     assert set(_calls('cuda')) - set(_calls('cpu')) == {
         'baddbmm, cuBLASLt', 'bmm, cuBLASLt', 'bmm, cuBLASLt, TunableOp'}
     assert settings() == before
+    # TunableOp refusing to start leaves every setting as it was
+    enable = tunable.enable
+
+    def refusing(on=True):
+        if on:
+            raise RuntimeError('TunableOp refused')
+        enable(on)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tunable, 'enable', refusing)
+        with pytest.raises(RuntimeError, match='refused'):
+            with _tuned_lt():
+                pass
+    assert settings() == before
 
 
 def test_call_sweep_records_a_failing_call_and_keeps_the_others(monkeypatch):

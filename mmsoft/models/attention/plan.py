@@ -165,7 +165,7 @@ class AttentionPlan:
     tf32_products: str = 'tf32'
     thin_steps: int = 0
     thin_horner: str = THIN_HORNER
-    spectral_inference: Tuple[Tuple[Optional[int], str], ...] = 'eigh'
+    spectral_inference: Tuple[Tuple[Optional[int], str], ...] = ((None, 'eigh'), )
     kernel_chunk: int = 2**24
     kernel_once_up_to: Optional[int] = None
     compiled_kernel_chunks: int = 4
