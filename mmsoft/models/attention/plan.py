@@ -398,7 +398,10 @@ class AttentionPlan:
 #   2-core AVX2 CPU the tridiagonal form won at m = 1050 (below); below ~450 eigh wins
 #   by more. Small kernels pay the tridiagonal form's fixed cost per kernel (nine banded
 #   solves through SciPy, two Householder applications, two Sturm counts in Python),
-#   which a large kernel's reduction outweighs.
+#   which a large kernel's reduction outweighs. The floor at 512×512, where this plan
+#   now takes eigh (`tools/analysis_tools/fidelity.py --size 512x512 --paths default
+#   spectral-tridiagonal`, 7 images), worst map: this plan 9.4e-7-3.7e-6, 'tridiagonal'
+#   1.0e-6-3.4e-6 (gradients: eigh either way).
 # - At 800×1344 (m = 1050): `benchmark.py --sections speed --models SOFT-S
 #   Swin-T --sizes 800x1344 --soft-plans spectral-mixed spectral-tridiagonal --repeat 1
 #   --rounds 4 --skip-official` (2-core AVX2, medians of 4 interleaved rounds): SOFT-S
