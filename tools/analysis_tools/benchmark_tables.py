@@ -63,7 +63,7 @@ SOURCES = {
     'memory-modes': ('cuda_h100/memory-modes.json', 'H100 memory-modes'),
     'pinv': ('cuda_h100/pinv.json', 'H100 pinv'),
     'detector': ('cuda_h100/detector.json', 'H100 detector'),
-    'cpu-detector': ('cpu_detector_2026-11-25.json', 'the CPU detector run'),
+    'cpu-detector': ('cpu_detector_2026-11-29.json', 'the CPU detector run'),
     'h100-compile': ('cuda_h100/compile-default-800x1344.json', 'H100 compile'),
     'h200-default': ('cuda_h200/default.json', 'H200 default'),
     'h200-fp32': ('cuda_h200/fp32.json', 'H200 fp32'),
