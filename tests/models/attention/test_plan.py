@@ -189,48 +189,48 @@ def test_a_plan_is_data():
                                                                       kernel_chunk=8)
 
 
-def test_spectral_inference_is_chosen_by_the_landmark_count(monkeypatch):
+@pytest.fixture
+def pinv_calls(monkeypatch):
+    """The calls soft_attention makes to newton_pinv_apply while the test runs, each as
+    (its kernel's landmark count m, its keyword options); the calls still compute."""
+    from mmsoft.models.attention import newton_pinv_apply
+    from mmsoft.models.attention import soft as soft_mod
+    calls = []
+
+    def recording(A, Z, iters, method, **kwargs):
+        calls.append((A.shape[-1], kwargs))
+        return newton_pinv_apply(A, Z, iters, method, **kwargs)
+
+    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
+    return calls
+
+
+def test_spectral_inference_is_chosen_by_the_landmark_count(pinv_calls):
     """A layer's kernel of m landmarks gets the plan's ``spectral_inference`` for m: a
     plain choice for every m, or the first (largest m, choice) pair that holds (the
     CPU's plan decomposes small kernels by eigh, large ones through their tridiagonal
     form)."""
     pytest.importorskip('scipy')
-    from mmsoft.models.attention import newton_pinv_apply
-    from mmsoft.models.attention import soft as soft_mod
     plan = AttentionPlan(pinv='spectral', eigh_dtype='mixed',
                          spectral_inference=((16, 'eigh'), (None, 'tridiagonal')))
     assert plan.spectral_inference == ((16, 'eigh'), (None, 'tridiagonal'))
     assert [plan.spectral_inference_for(m) for m in (1, 16, 17)] == [
         'eigh', 'eigh', 'tridiagonal']
     assert AttentionPlan(spectral_inference='eigh').spectral_inference == ((None, 'eigh'), )
-    seen = []
-
-    def recording(A, Z, iters, method, **kwargs):
-        seen.append((A.shape[-1], kwargs['spectral_inference']))
-        return newton_pinv_apply(A, Z, iters, method, **kwargs)
-
-    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     with attention_plan(plan, device='cpu'), torch.no_grad():
         for m in (16, 17):
             soft_attention(q, torch.randn(1, 1, m, 8) * 0.3, v)
-    assert seen == [(16, 'eigh'), (17, 'tridiagonal')]
+    assert [(m, options['spectral_inference']) for m, options in pinv_calls] == [
+        (16, 'eigh'), (17, 'tridiagonal')]
 
 
-def test_the_iterates_options_come_from_the_plan(monkeypatch):
+def test_the_iterates_options_come_from_the_plan(pinv_calls):
     """soft_attention passes the plan's options of the iterate (its eigendecomposition's
     dtype, 'tf32''s float32 steps, the padding, how 'spectral' applies its filter) down to
     newton_pinv_apply, whose own defaults read no plan."""
     from mmsoft.models.attention import newton, newton_pinv_apply
-    from mmsoft.models.attention import soft as soft_mod
     from mmsoft.testing import hard_problem
-    seen = []
-
-    def recording(A, Z, iters, method, **kwargs):
-        seen.append(kwargs)
-        return newton_pinv_apply(A, Z, iters, method, **kwargs)
-
-    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording)
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     lm = torch.randn(1, 1, 16, 8) * 0.3
     with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8,
@@ -244,8 +244,8 @@ def test_the_iterates_options_come_from_the_plan(monkeypatch):
                    float32_products='tf32x3', tf32_products='fp16',
                    tf32_first_steps='guarded', thin_horner='always',
                    spectral_inference='eigh')
-    assert seen == [dict(options, thin_steps=2), dict(options, thin_steps=0),
-                    dict(options, thin_steps=1)]
+    assert [kwargs for _, kwargs in pinv_calls] == [
+        dict(options, thin_steps=2), dict(options, thin_steps=0), dict(options, thin_steps=1)]
     # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
     # steps around the TF32 ones (the same operations, so the same bits) as outside it.
     A, Z = hard_problem('near_identity', 64, 0)[:2]

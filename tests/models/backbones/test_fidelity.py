@@ -42,9 +42,9 @@ PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
 # where SciPy is installed (this size's kernels take eigenvectors, as they do with
 # gradients and without SciPy at every size). CUDA's plan applies its last float32 steps
 # to the thin matrix (``thin_steps``): its maps are that path; at this size (m = 256,
-# below a launch's worth of flops per product) its training step forms them, as at 512×512 (larger
-# kernels run them thin in training too: tests/models/attention/test_attention.py,
-# docs/en/notes/numerics.md).
+# below a launch's worth of flops per product) its training step forms them, as at
+# 512×512 (larger kernels run them thin in training too:
+# tests/models/attention/test_attention.py, docs/en/notes/numerics.md).
 MAP_PATHS = dict(PATHS)
 if importlib.util.find_spec('scipy'):
     MAP_PATHS['cpu, tridiagonal form'] = replace(PLANS['cpu'],
