@@ -1,10 +1,10 @@
 """Helpers for checking mmsoft: hard kernels and float references for the numerics
 (``numerics``), the network-level fidelity floor (``fidelity``), and an operator counter
 for host work per step (``profiling``)."""
-from .fidelity import (FIDELITY_IMAGES, GRADIENT_TOL, NATURAL_IMAGES, OUTPUT_TOL,
-                       fidelity_image, gradient_deviations, output_bounds, output_deviations,
-                       reference_gradients, reference_outputs, reference_relu_inputs,
-                       relu_flips)
+from .fidelity import (FIDELITY_IMAGES, FLIP_TOL, GRADIENT_TOL, NATURAL_IMAGES,
+                       OUTPUT_TOL, GradientDeviations, GradientReference, fidelity_image,
+                       gradient_deviations, output_bounds, output_deviations,
+                       reference_gradients, reference_outputs)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
                        hard_landmarks, hard_problem, inference_only, kernel_bound,
                        official_float32_iterate,
@@ -12,11 +12,11 @@ from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float
 from .profiling import NO_KERNEL_OPS, LaunchCounter
 
 __all__ = [
-    'FIDELITY_IMAGES', 'GRADIENT_TOL', 'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES',
+    'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
+    'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES',
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
     'inference_only', 'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
     'output_deviations',
-    'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'reference_relu_inputs',
-    'relative_deviation', 'relu_flips'
+    'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'relative_deviation'
 ]

@@ -9,27 +9,37 @@ The floor every default path keeps (docs/en/notes/numerics.md):
   within twice the float32 official order's deviation on that map where float32 itself
   misses ``OUTPUT_TOL`` (``output_bounds``);
 - the parameter gradients of one training step within ``GRADIENT_TOL`` (‖Δ‖ / ‖ref‖ per
-  tensor) on natural photos, BatchNorm in eval mode, tensors not zero by construction.
+  tensor), BatchNorm in eval mode, tensors not zero by construction, against the
+  float64 step that takes the float32 step's branch at every ReLU input within rounding
+  of 0 (``gradient_deviations``: such a flip moves the gradients by up to ~5e-2 on any
+  path, the float32 official order's included), or within twice the float32 official
+  order's deviation where that is larger.
 
 Used by tests/models/backbones/test_fidelity.py and tools/analysis_tools/fidelity.py.
 """
 import copy
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from typing import Dict, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..models.attention import attention_plan
 from .numerics import relative_deviation
 
 __all__ = [
-    'FIDELITY_IMAGES', 'GRADIENT_TOL', 'NATURAL_IMAGES', 'OUTPUT_TOL', 'fidelity_image',
-    'gradient_deviations', 'output_bounds', 'output_deviations', 'reference_gradients',
-    'reference_outputs', 'reference_relu_inputs', 'relu_flips'
+    'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
+    'NATURAL_IMAGES', 'OUTPUT_TOL', 'fidelity_image', 'gradient_deviations', 'output_bounds',
+    'output_deviations', 'reference_gradients', 'reference_outputs'
 ]
 
 OUTPUT_TOL = 1e-5
 GRADIENT_TOL = 1e-4
+# A ReLU input that a float32 step puts on the other side of 0 than float64 is a flip of
+# rounding where its |float64 value| is at most this share of its ReLU's largest |input|
+# (the output floor's share; the flips measured sat at 3e-9 to 2e-7: numerics.md).
+FLIP_TOL = OUTPUT_TOL
 
 # Images with what makes them hard: flat regions make landmarks (near) duplicates.
 FIDELITY_IMAGES = {
@@ -41,18 +51,19 @@ FIDELITY_IMAGES = {
     'page': 'scanned text page (scikit-image page)',
     'blank': 'near-blank wall: one grey with ±2 levels of noise',
 }
-# The gradient floor's images. Not the flat ones: there some gradients are cancelling
-# sums that float32 alone moves by ~1e-3 (rocket at 640×640: 2.1e-3 on a stage-2 depthwise
-# conv, the same for every path, the float32 official order included).
+# The fidelity tool's gradient images by default (a reference per image; the floor holds
+# on every image of FIDELITY_IMAGES, flat ones included: tests/models/backbones/
+# test_fidelity.py sweeps them).
 NATURAL_IMAGES = ('astronaut', 'coffee', 'chelsea')
 
 _MEAN = (123.675, 116.28, 103.53)
 _STD = (58.395, 57.12, 57.375)
 
 
-def fidelity_image(name, size):
+def fidelity_image(name, size, crop=None):
     """Image ``name`` (``FIDELITY_IMAGES``) resized to ``size`` = (H, W), as a (1, 3, H, W)
-    float32 tensor normalized with the ImageNet statistics of the shipped configs."""
+    float32 tensor normalized with the ImageNet statistics of the shipped configs; with
+    ``crop`` = (top, left, height, width), that window of the resized image."""
     from PIL import Image
     if name not in FIDELITY_IMAGES:
         raise ValueError(f'image must be one of {sorted(FIDELITY_IMAGES)}, got {name!r}')
@@ -68,6 +79,12 @@ def fidelity_image(name, size):
             img = np.repeat(img[..., None], 3, -1)
     H, W = size
     img = np.asarray(Image.fromarray(img[..., :3]).resize((W, H), Image.BILINEAR))
+    if crop is not None:
+        top, left, h, w = crop
+        if top < 0 or left < 0 or h < 1 or w < 1 or top + h > H or left + w > W:
+            raise ValueError(f'crop (top, left, height, width) = {tuple(crop)} does not fit '
+                             f'in the {H}×{W} image')
+        img = img[top:top + h, left:left + w]
     x = torch.from_numpy(img.copy()).permute(2, 0, 1).float()[None]
     return (x - torch.tensor(_MEAN).view(1, 3, 1, 1)) / torch.tensor(_STD).view(1, 3, 1, 1)
 
@@ -123,66 +140,145 @@ def _loss(outs):
     return loss
 
 
-def _gradients(model, x):
+@contextmanager
+def _relu_branches(model, record=None, force=None, signs=False):
+    """Inside the block every ``nn.ReLU`` of ``model`` writes its input into ``record``
+    ({name: tensor}; with ``signs``, only where it is > 0, a bool tensor) and, where ``force`` ({name: bool tensor}) names it, passes exactly
+    where its mask is True (a forced input within rounding of 0 passes as itself, not
+    as 0; its gradient passes where the mask is True)."""
+    relus = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ReLU)]
+
+    def forward(name, mod):
+        def relu(x):
+            if record is not None:
+                record[name] = x.detach() > 0 if signs else x.detach().clone()
+            if force is not None and name in force:
+                if x.requires_grad:
+                    # the gradient handed back contiguous, as ReLU's own backward hands
+                    # it: where's keeps the incoming layout, which for a patch
+                    # embedding's last ReLU is channels-last with a batch stride (batch
+                    # 1) that torch 2.14's CPU BatchNorm backward misreads
+                    x.register_hook(torch.Tensor.contiguous)
+                return torch.where(force[name], x, 0.)
+            return F.relu(x, inplace=mod.inplace)
+        return relu
+
+    for name, mod in relus:
+        mod.forward = forward(name, mod)
+    try:
+        yield
+    finally:
+        for _, mod in relus:
+            del mod.forward
+
+
+def _gradients(model, x, record=None, force=None, signs=False):
     model.zero_grad(set_to_none=True)
-    _loss(model(x)).backward()
+    with _relu_branches(model, record, force, signs):
+        _loss(model(x)).backward()
     return {k: p.grad.detach().clone() for k, p in model.named_parameters()
             if p.grad is not None}
 
 
-def reference_gradients(model, x):
+class GradientReference(NamedTuple):
+    """One training step of a model in float64, in the official order
+    (``reference_gradients``).
+
+    Attributes:
+        gradients (dict[str, Tensor]): every parameter's gradient.
+        relu_inputs (dict[str, Tensor]): the input of every ``nn.ReLU`` in its forward.
+    """
+    gradients: Dict[str, torch.Tensor]
+    relu_inputs: Dict[str, torch.Tensor]
+
+
+def reference_gradients(model, x, branches=None):
     """One training step's parameter gradients in float64, in the official order, with
     ``model``'s BatchNorm in eval mode (the model is put in eval mode: SOFT's training
     path runs whenever gradients are needed, and without drop path or dropout eval mode
-    differs from train mode only in BatchNorm)."""
-    ref, order = _float64_official(model.eval())
-    with order:
-        return _gradients(ref, x.double())
+    differs from train mode only in BatchNorm).
 
-
-def gradient_deviations(model, x, refs, plan=None, device_type=None):
-    """Per parameter, ‖∇ - ∇ref‖ / ‖∇ref‖ of one float32 training step of ``model`` (eval
-    mode) on ``x`` under ``plan`` (as in ``output_deviations``). Parameters whose
-    reference gradient is zero by construction (≤ 1e-12 of the largest) are left out."""
-    with _forced(plan, device_type or x.device.type):
-        grads = _gradients(model.eval(), x)
-    scale = max(g.abs().max() for g in refs.values())
-    out = {}
-    for k, ref in refs.items():
-        if ref.abs().max() <= 1e-12 * scale:
-            continue
-        out[k] = ((grads[k].double() - ref).norm() / ref.norm()).item()
-    return out
-
-
-def reference_relu_inputs(model, x):
-    """The inputs of every ReLU of ``model`` on ``x`` in float64, in the official order
-    (``relu_flips``' reference)."""
-    from ..analysis import module_inputs
-    ref, order = _float64_official(model)
-    with order:
-        return module_inputs(ref, x.double(), torch.nn.ReLU)
-
-
-def relu_flips(model, x, refs, plan=None, device_type=None):
-    """How many ReLU inputs of ``model`` on ``x`` under ``plan`` (float32) lie on the other
-    side of 0 than the reference's ``refs`` (``reference_relu_inputs``), and the smallest
-    |input| among them.
-
-    A ReLU input within rounding of 0 may flip with any change of the forward at the
-    1e-6 level, and the whole gradient through that element with it: one flip in a flat
-    region moved stage 1's parameter gradients by ~5e-2 at 640×640. Such a gradient
-    deviation is a discrete event, not the path's accuracy: the tool reports it beside
-    the gradients.
+    Args:
+        branches (dict[str, Tensor], optional): {ReLU name: bool mask}: those ReLUs pass
+            exactly where their mask is True (the branches a float32 run took,
+            ``gradient_deviations``) instead of where their float64 input is > 0.
+    Returns:
+        GradientReference
     """
-    from ..analysis import module_inputs
+    ref, order = _float64_official(model.eval())
+    inputs = {}
+    with order:
+        grads = _gradients(ref, x.double(), record=inputs, force=branches)
+    return GradientReference(grads, inputs)
+
+
+class GradientDeviations(NamedTuple):
+    """A float32 training step against the float64 one (``gradient_deviations``).
+
+    Attributes:
+        deviations (dict[str, float]): per parameter, ‖∇ - ∇ref‖ / ‖∇ref‖ against the
+            float64 step that takes the same branch at every ReLU input within rounding
+            of 0 (``FLIP_TOL``) as the float32 step did.
+        flips (int): how many ReLU inputs the float32 step put on the other side of 0
+            than float64 did, each within rounding of 0.
+        largest_flip (float): the largest of those inputs' |float64 value|, relative to
+            the largest |input| of its ReLU (0 without flips).
+        with_flips (dict[str, float]): the deviations against the float64 step's own
+            branches: what the flips did besides the rounding (``deviations`` where
+            there is none).
+        beyond_rounding (int): ReLU inputs on the other side of 0 by more than
+            ``FLIP_TOL``: not rounding (their branch is the float64 step's in
+            ``deviations`` too, so that they count against the path).
+    """
+    deviations: Dict[str, float]
+    flips: int
+    largest_flip: float
+    with_flips: Dict[str, float]
+    beyond_rounding: int
+
+
+def _relative(grads, refs, scale):
+    """‖∇ - ∇ref‖ / ‖∇ref‖ per parameter whose reference is not zero by construction
+    (≤ 1e-12 of ``scale``, the largest reference entry)."""
+    return {k: ((grads[k].double() - ref).norm() / ref.norm()).item()
+            for k, ref in refs.items() if ref.abs().max() > 1e-12 * scale}
+
+
+def gradient_deviations(model, x, ref, plan=None, device_type=None):
+    """One float32 training step of ``model`` (eval mode) on ``x`` under ``plan`` (as in
+    ``output_deviations``) against the float64 step ``ref`` (``reference_gradients``).
+
+    A ReLU input within rounding of 0 can land on the other side of 0 in float32 than in
+    float64, on any path (the float32 official order's too), and the gradient through
+    it goes with it: one such flip in a patch embedding moves the parameter gradients
+    before it by up to ~5e-2 (docs/en/notes/numerics.md). That is a discrete event of the
+    float32 forward, not the rounding of the backward: ``deviations`` compares with the
+    float64 step run along the float32 step's branches at those inputs (the float64
+    reference again, only where there are flips), ``with_flips`` with ``ref`` itself.
+    Parameters whose reference gradient is zero by construction are left out.
+
+    Returns:
+        GradientDeviations
+    """
+    passed = {}  # where each ReLU's float32 input was > 0
     with _forced(plan, device_type or x.device.type):
-        inputs = module_inputs(model, x, torch.nn.ReLU)
-    flips, smallest = 0, float('inf')
-    for name, (_, a) in inputs.items():
-        b = refs[name][1]
-        changed = (a > 0) != (b > 0)
-        if changed.any():
-            flips += int(changed.sum())
-            smallest = min(smallest, float(b[changed].abs().min()))
-    return flips, smallest
+        grads = _gradients(model.eval(), x, record=passed, signs=True)
+    scale = max(g.abs().max() for g in ref.gradients.values())
+    with_flips = _relative(grads, ref.gradients, scale)
+    branches, flips, largest, beyond = {}, 0, 0., 0
+    for name, r in ref.relu_inputs.items():
+        flipped = passed[name] != (r > 0)
+        if not flipped.any():
+            continue
+        size = r.abs() / r.abs().max()
+        rounding = flipped & (size <= FLIP_TOL)
+        beyond += int((flipped & ~rounding).sum())
+        if rounding.any():
+            flips += int(rounding.sum())
+            largest = max(largest, float(size[rounding].max()))
+            branches[name] = torch.where(rounding, ~(r > 0), r > 0)
+    if not branches:
+        return GradientDeviations(with_flips, 0, 0., with_flips, beyond)
+    matched = reference_gradients(model, x, branches).gradients
+    return GradientDeviations(_relative(grads, matched, scale), flips, largest, with_flips,
+                              beyond)

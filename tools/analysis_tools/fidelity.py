@@ -4,10 +4,12 @@ float64 computation in the official order.
 
 The floor a default path keeps: every output map within 1e-5 (max |Δ| / max |ref|) on
 every image, flat ones included, and every parameter's gradient within 1e-4 (‖Δ‖ /
-‖ref‖) on natural photos, BatchNorm in eval mode; each within twice the float32
+‖ref‖), BatchNorm in eval mode; each within twice the float32
 official order's deviation where that is larger (the maps' bound column): float32
-alone can miss 1e-5 on a map, and a ReLU input within rounding of 0 that lands on the
-other side than in float64 moves the whole gradient through it, in float32 too
+alone can miss 1e-5 on a map. A ReLU input within rounding of 0 that lands on the other
+side than in float64 moves the whole gradient through it on any path, the float32
+official order's too: the gradients are compared with the float64 step along the
+float32 step's branches there, and such flips are counted beside them
 (docs/en/notes/numerics.md). The paths (``--paths``, ``mmsoft.benchmark.common.path_plan``):
 
   default                 the plan of the device the tool runs on
@@ -28,12 +30,15 @@ other side than in float64 moves the whole gradient through it, in float32 too
 Examples:
   python tools/analysis_tools/fidelity.py --size 640x640
   python tools/analysis_tools/fidelity.py --size 800x1344 --paths cpu cuda tf32-1-8 --gradients
+  python tools/analysis_tools/fidelity.py --size 512x512 --crop 32,32,448,448 --seed 1 \\
+      --images coffee --gradients --gradient-images coffee --paths official cpu cuda
   python tools/analysis_tools/fidelity.py --device cuda --size 800x1344 --gradients \\
       --paths default iterative tf32-1-4 tf32-1-6 tf32-1-8 --json fidelity.json
 
-Without --checkpoint the weights are random (seed 0): the tool says so. Images: the
-scikit-image photos, silhouette and text page of ``mmsoft.testing.FIDELITY_IMAGES`` and a
-near-blank wall, resized to --size.
+Without --checkpoint the weights are random (--seed, default 0): the tool says so.
+Images: the scikit-image photos, silhouette and text page of
+``mmsoft.testing.FIDELITY_IMAGES`` and a near-blank wall, resized to --size (and cut to
+--crop).
 """
 import json
 import time
@@ -50,7 +55,12 @@ def build_parser():
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--size', default='640x640', metavar='HxW')
+    parser.add_argument('--size', default='640x640', metavar='HxW',
+                        help='the images are resized to this size')
+    parser.add_argument('--crop', metavar='TOP,LEFT,H,W',
+                        help='then cropped to this window of the resized image')
+    parser.add_argument('--seed', type=int, default=0,
+                        help='the random weights\' seed (without --checkpoint)')
     parser.add_argument('--paths', nargs='+', default=['default', 'cpu', 'cuda'])
     parser.add_argument('--images', nargs='+', default=list(FIDELITY_IMAGES),
                         choices=sorted(FIDELITY_IMAGES))
@@ -59,8 +69,8 @@ def build_parser():
     parser.add_argument('--gradient-images', nargs='+', default=list(NATURAL_IMAGES),
                         choices=sorted(FIDELITY_IMAGES),
                         help='images of the gradient floor (default: the natural photos '
-                        f'{", ".join(NATURAL_IMAGES)}; flat images hold cancelling sums '
-                        'that float32 alone moves by ~1e-3)')
+                        f'{", ".join(NATURAL_IMAGES)}; any image works, flat ones '
+                        'included)')
     parser.add_argument('--tf32-convolutions', action='store_true',
                         help="CUDA: keep PyTorch's default TF32 convolutions (they alone move "
                         'the outputs by ~5e-4, whatever computes the attention; off by '
@@ -72,7 +82,7 @@ def build_parser():
 def main(argv=None):
     from mmsoft.testing import (GRADIENT_TOL, OUTPUT_TOL, fidelity_image, gradient_deviations,
                                 output_bounds, output_deviations, reference_gradients,
-                                reference_outputs, reference_relu_inputs, relu_flips)
+                                reference_outputs)
     parser = build_parser()
     args = parser.parse_args(argv)
     cli.setup_logging()
@@ -80,28 +90,41 @@ def main(argv=None):
         H, W = (int(v) for v in args.size.lower().split('x'))
     except ValueError:
         parser.error(f'--size must be HxW, got {args.size!r}')
+    crop = None
+    if args.crop:
+        try:
+            crop = tuple(int(v) for v in args.crop.split(','))
+            assert len(crop) == 4
+        except (ValueError, AssertionError):
+            parser.error(f'--crop must be TOP,LEFT,H,W, got {args.crop!r}')
+        top, left, h, w = crop
+        if min(crop) < 0 or h < 1 or w < 1 or top + h > H or left + w > W:
+            parser.error(f'--crop {args.crop} does not fit in the {H}×{W} image')
     try:
         plans = {name: path_plan(name, args.device) for name in args.paths}
     except ValueError as e:
         parser.error(str(e))
     if not args.tf32_convolutions:
         torch.backends.cudnn.allow_tf32 = False  # no effect off CUDA
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model, weights = cli.backbone_from_args(args)
     model = model.to(args.device).eval()
     device_type = torch.device(args.device).type
     convs = ('' if device_type != 'cuda' else ', TF32 convolutions '
              + ('on' if torch.backends.cudnn.allow_tf32 else 'off'))
-    print(f'# fidelity of {cli.model_name(args)} ({weights}) at {H}×{W} on {args.device}'
+    at = f'{H}×{W}' + (f', cropped to {crop[2]}×{crop[3]} at ({crop[0]}, {crop[1]})'
+                          if crop else '')
+    print(f'# fidelity of {cli.model_name(args)} ({weights}, seed {args.seed}) at {at} on '
+          f'{args.device}'
           f'{convs}, torch {torch.__version__}: worst output map (max |Δ| / max |ref|) '
           f'against the float64 official order; floor {OUTPUT_TOL:g}, or twice the float32 '
           "official order's where that is larger (the bound column)\n")
     print('| image | bound | ' + ' | '.join(args.paths) + ' |')
     print('|---|---|' + '---|' * len(args.paths))
-    results = dict(size=[H, W], device=args.device, weights=weights, outputs={},
-                   gradients={})
+    results = dict(size=[H, W], crop=crop, seed=args.seed, device=args.device,
+                   weights=weights, outputs={}, gradients={})
     for image in args.images:
-        x = fidelity_image(image, (H, W)).to(args.device)
+        x = fidelity_image(image, (H, W), crop).to(args.device)
         refs = reference_outputs(model, x)
         bounds = output_bounds(model, x, refs, device_type)
         row = {}
@@ -117,31 +140,38 @@ def main(argv=None):
             for r in row.values()) + ' |', flush=True)
     if args.gradients:
         print(f'\nWorst parameter gradient (‖Δ‖ / ‖ref‖) of one training step, BatchNorm '
-              f'in eval mode; bound: {GRADIENT_TOL:g}, or twice the float32 official '
-              'order\'s where that is larger. "flips": ReLU inputs on the other side of 0 '
-              'than in float64 (each moves the whole gradient through it)\n')
+              f'in eval mode, against the float64 step along the float32 step\'s branches '
+              f'at ReLU inputs within rounding of 0; bound: {GRADIENT_TOL:g}, or twice the '
+              'float32 official order\'s where that is larger. "flips": such inputs on the '
+              'other side of 0 than in float64, and the worst deviation with their float64 '
+              'branch (each flip moves the whole gradient through it, on any path)\n')
         print('| image | float32 official order | bound | ' + ' | '.join(args.paths) + ' |')
         print('|---|---|---|' + '---|' * len(args.paths))
         official = path_plan('official', args.device)
         for image in args.gradient_images:
-            x = fidelity_image(image, (H, W)).to(args.device)
-            refs = reference_gradients(model, x)
-            relu_refs = reference_relu_inputs(model, x)
+            x = fidelity_image(image, (H, W), crop).to(args.device)
+            ref = reference_gradients(model, x)
 
             def measured(plan):
-                devs = gradient_deviations(model, x, refs, plan, device_type)
-                worst = max(devs, key=devs.get)
-                return dict(gradients=devs, worst=worst,
-                            relu_flips=relu_flips(model, x, relu_refs, plan, device_type))
+                r = gradient_deviations(model, x, ref, plan, device_type)
+                worst = max(r.deviations, key=r.deviations.get)
+                return dict(gradients=r.deviations, worst=worst, flips=r.flips,
+                            largest_flip=r.largest_flip,
+                            with_flips=max(r.with_flips.values()),
+                            beyond_rounding=r.beyond_rounding)
 
             base = measured(official)
             bound = max(GRADIENT_TOL, 2 * base['gradients'][base['worst']])
 
             def cell(r):
-                dev, (flips, smallest) = r['gradients'][r['worst']], r['relu_flips']
-                flipped = f', {flips} flips (|input| ≥ {smallest:.1e})' if flips else ''
+                dev = r['gradients'][r['worst']]
+                n = r['flips']
+                flipped = (f', {n} flip{"s" if n > 1 else ""} (with {"them" if n > 1 else "it"} '
+                           f'{r["with_flips"]:.1e})' if n else '')
+                beyond = (f', {r["beyond_rounding"]} ReLU inputs off beyond rounding'
+                          if r['beyond_rounding'] else '')
                 return (f'{dev:.1e} ({r["worst"]}){" (misses)" if dev > bound else ""}'
-                        f'{flipped}')
+                        f'{flipped}{beyond}')
 
             row = {name: measured(plan) for name, plan in plans.items()}
             results['gradients'][image] = dict(bound=bound, official=base, paths=row)

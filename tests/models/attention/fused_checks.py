@@ -150,5 +150,5 @@ for kind in PLANS:
     with attention_plan(**PLANS[kind], device='cpu'):
         maps = output_deviations(model, x, refs)
         grads = gradient_deviations(model, x, grad_refs)
-    result['backbone'][kind] = dict(maps=maps, gradient=max(grads.values()))
+    result['backbone'][kind] = dict(maps=maps, gradient=max(grads.deviations.values()))
 print(json.dumps(result))
