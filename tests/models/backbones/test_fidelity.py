@@ -224,6 +224,19 @@ def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
     assert any(d > b for d, b in zip(devs, bounds)), (devs, bounds)
 
 
+def test_forcing_the_float64_branches_reproduces_the_reference(soft_models):
+    """The float64 step with every ReLU forced to its own branches has its gradients: the
+    forced ReLUs hand their gradient back as a ReLU does (in torch 2.14 a batch-1
+    gradient in the layout the stage outputs' transpose gives, handed on as it came,
+    makes the CPU's BatchNorm backward 10-100× off)."""
+    model, x = soft_models[0], fidelity_image('astronaut', (128, 160))
+    ref = reference_gradients(model, x)
+    forced = reference_gradients(model, x, {n: r > 0 for n, r in ref.relu_inputs.items()})
+    assert len(ref.relu_inputs) == 6  # every patch embedding's ReLU
+    for k, g in ref.gradients.items():
+        torch.testing.assert_close(forced.gradients[k], g, rtol=1e-12, atol=1e-12 * g.abs().max())
+
+
 class _Flipper(torch.nn.Module):
     """Linear(3, 2) -> ReLU -> Linear(2, 1) whose first ReLU input on [1e8, 1, -1e8] is 1
     in float64 and 0 in float32 (1e8 + 1 rounds to 1e8), beside a second input of
