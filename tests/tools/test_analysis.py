@@ -396,3 +396,20 @@ def test_pinv_accuracy_tool(capsys):
     out = capsys.readouterr().out
     assert '| clustered | 64 | 0 |' in out and 'worst, as a share of the bound:' in out
     assert '| >' in out
+
+def test_fidelity_tool_crops_and_seeds(capsys):
+    """fidelity.py --crop measures the window of the resized image, --seed the random
+    weights it names (two seeds, two models); a window outside the image is refused."""
+    fidelity = load_tool('tools/analysis_tools/fidelity.py')
+    args = ['--size', '96x128', '--images', 'blank', '--paths', 'official', '--gradients',
+            '--gradient-images', 'blank']
+    runs = [fidelity.main(args + ['--crop', '0,32,64,96', '--seed', str(s)]) for s in (0, 1)]
+    assert [r['crop'] for r in runs] == [(0, 32, 64, 96)] * 2
+    assert [r['seed'] for r in runs] == [0, 1]
+    assert 'seed 1) at 96×128, cropped to 64×96 at (0, 32)' in capsys.readouterr().out
+    grads = [r['gradients']['blank']['official'] for r in runs]
+    assert grads[0]['gradients'] != grads[1]['gradients']
+    assert all(g['beyond_rounding'] == 0 for g in grads)
+    with pytest.raises(SystemExit):
+        fidelity.main(args + ['--crop', '40,0,64,96'])
+    assert 'does not fit in the 96×128 image' in capsys.readouterr().err
