@@ -2,7 +2,8 @@
 (``numerics``), the network-level fidelity floor (``fidelity``), and an operator counter
 for host work per step (``profiling``)."""
 from .fidelity import (FIDELITY_IMAGES, FLIP_TOL, GRADIENT_TOL, NATURAL_IMAGES,
-                       OUTPUT_TOL, GradientDeviations, GradientReference, fidelity_image,
+                       OUTPUT_TOL, GradientDeviations, GradientReference, check_crop,
+                       fidelity_image,
                        gradient_deviations, output_bounds, output_deviations,
                        reference_gradients, reference_outputs)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
@@ -13,7 +14,7 @@ from .profiling import NO_KERNEL_OPS, LaunchCounter
 
 __all__ = [
     'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
-    'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES',
+    'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES', 'check_crop',
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
     'inference_only', 'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',

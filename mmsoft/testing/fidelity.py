@@ -30,7 +30,7 @@ from .numerics import relative_deviation
 
 __all__ = [
     'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
-    'NATURAL_IMAGES', 'OUTPUT_TOL', 'fidelity_image', 'gradient_deviations', 'output_bounds',
+    'NATURAL_IMAGES', 'OUTPUT_TOL', 'check_crop', 'fidelity_image', 'gradient_deviations', 'output_bounds',
     'output_deviations', 'reference_gradients', 'reference_outputs'
 ]
 
@@ -60,6 +60,20 @@ _MEAN = (123.675, 116.28, 103.53)
 _STD = (58.395, 57.12, 57.375)
 
 
+def check_crop(crop, size):
+    """``crop`` = (top, left, height, width) as a tuple of 4 ints, checked to fit in an
+    image of ``size`` = (H, W); ValueError otherwise."""
+    H, W = size
+    try:
+        top, left, h, w = (int(v) for v in crop)
+    except (TypeError, ValueError):
+        raise ValueError(f'crop must be 4 ints (top, left, height, width), got {crop!r}')
+    if top < 0 or left < 0 or h < 1 or w < 1 or top + h > H or left + w > W:
+        raise ValueError(f'crop (top, left, height, width) = {(top, left, h, w)} does not '
+                         f'fit in the {H}×{W} image')
+    return top, left, h, w
+
+
 def fidelity_image(name, size, crop=None):
     """Image ``name`` (``FIDELITY_IMAGES``) resized to ``size`` = (H, W), as a (1, 3, H, W)
     float32 tensor normalized with the ImageNet statistics of the shipped configs; with
@@ -80,10 +94,7 @@ def fidelity_image(name, size, crop=None):
     H, W = size
     img = np.asarray(Image.fromarray(img[..., :3]).resize((W, H), Image.BILINEAR))
     if crop is not None:
-        top, left, h, w = crop
-        if top < 0 or left < 0 or h < 1 or w < 1 or top + h > H or left + w > W:
-            raise ValueError(f'crop (top, left, height, width) = {tuple(crop)} does not fit '
-                             f'in the {H}×{W} image')
+        top, left, h, w = check_crop(crop, size)
         img = img[top:top + h, left:left + w]
     x = torch.from_numpy(img.copy()).permute(2, 0, 1).float()[None]
     return (x - torch.tensor(_MEAN).view(1, 3, 1, 1)) / torch.tensor(_STD).view(1, 3, 1, 1)
@@ -143,9 +154,10 @@ def _loss(outs):
 @contextmanager
 def _relu_branches(model, record=None, force=None, signs=False):
     """Inside the block every ``nn.ReLU`` of ``model`` writes its input into ``record``
-    ({name: tensor}; with ``signs``, only where it is > 0, a bool tensor) and, where ``force`` ({name: bool tensor}) names it, passes exactly
-    where its mask is True (a forced input within rounding of 0 passes as itself, not
-    as 0; its gradient passes where the mask is True)."""
+    ({name: tensor}; with ``signs``, only where it is > 0, a bool tensor) and, where
+    ``force`` ({name: bool tensor}) names it, passes exactly where its mask is True (a
+    forced input within rounding of 0 passes as itself, not as 0; its gradient passes
+    where the mask is True)."""
     relus = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ReLU)]
 
     def forward(name, mod):

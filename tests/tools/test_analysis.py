@@ -397,6 +397,7 @@ def test_pinv_accuracy_tool(capsys):
     assert '| clustered | 64 | 0 |' in out and 'worst, as a share of the bound:' in out
     assert '| >' in out
 
+
 def test_fidelity_tool_crops_and_seeds(capsys):
     """fidelity.py --crop measures the window of the resized image, --seed the random
     weights it names (two seeds, two models); a window outside the image is refused."""

@@ -80,9 +80,9 @@ def build_parser():
 
 
 def main(argv=None):
-    from mmsoft.testing import (GRADIENT_TOL, OUTPUT_TOL, fidelity_image, gradient_deviations,
-                                output_bounds, output_deviations, reference_gradients,
-                                reference_outputs)
+    from mmsoft.testing import (GRADIENT_TOL, OUTPUT_TOL, check_crop, fidelity_image,
+                                gradient_deviations, output_bounds, output_deviations,
+                                reference_gradients, reference_outputs)
     parser = build_parser()
     args = parser.parse_args(argv)
     cli.setup_logging()
@@ -93,13 +93,9 @@ def main(argv=None):
     crop = None
     if args.crop:
         try:
-            crop = tuple(int(v) for v in args.crop.split(','))
-            assert len(crop) == 4
-        except (ValueError, AssertionError):
-            parser.error(f'--crop must be TOP,LEFT,H,W, got {args.crop!r}')
-        top, left, h, w = crop
-        if min(crop) < 0 or h < 1 or w < 1 or top + h > H or left + w > W:
-            parser.error(f'--crop {args.crop} does not fit in the {H}×{W} image')
+            crop = check_crop(args.crop.split(','), (H, W))
+        except ValueError as e:
+            parser.error(f'--crop {args.crop}: {e}')
     try:
         plans = {name: path_plan(name, args.device) for name in args.paths}
     except ValueError as e:
