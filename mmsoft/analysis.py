@@ -9,18 +9,22 @@ numbers (tools/analysis_tools/ draws them).
 import torch
 import torch.nn.functional as F
 
-from .models.attention import (gaussian_kernel, newton_alpha, newton_pinv, newton_pinv_error,
-                               normalize_inverse, plan_for)
+from .models.attention import (EXACT_PINV_METHODS, Inputs, gaussian_kernel, newton_alpha,
+                               newton_pinv, newton_pinv_error, normalize_inverse, plan_for,
+                               select_variant)
 from .models.attention.newton import ALPHA_BOUND, alpha_candidates, first_step_bound
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
 
 def _planned_pinv(A, iters):
-    """The T-step iterate of A (``iters`` steps), computed as the plan in force for A's
-    device computes the exact iterate for its size."""
+    """The T-step iterate of A (``iters`` steps), formed by the library's method 'auto'
+    takes under the plan in force for A's device ('iterative' where that is another
+    package's variant)."""
     plan = plan_for(A.device.type)
-    return newton_pinv(A, iters, plan.pinv_method(A.shape[-1]), **plan.pinv_options())
+    name = select_variant('auto', plan, Inputs.of(A)).name
+    return newton_pinv(A, iters, name if name in EXACT_PINV_METHODS else 'iterative',
+                       tf32_float32_steps=plan.tf32_float32_steps, pad_to=plan.pinv_pad)
 
 
 def soft_attention_inputs(model, x):
@@ -179,9 +183,8 @@ def newton_boundary(model, x, iters=20, near=1.9):
         ``newton_alpha`` and the kernels (float64, of the kernel in the landmarks'
         dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
         another order of sums can decide the other way); ``first_step_bound``: the
-        largest bound on αλ² of any kernel that ``tf32_first_steps='guarded'`` decides
-        by (``newton.first_step_bound``: at most 1, the layer's 'tf32' iterate takes
-        no first float32 step).
+        largest bound on αλ² of any kernel from its row sums (``newton.first_step_bound``,
+        O(m²): at most 1 proves every eigenvalue far from the step size's boundary 2).
     """
     out = {}
     for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():

@@ -15,7 +15,7 @@ from ..models.attention import PLANS, gaussian_kernel, newton_alpha, newton_pinv
 
 __all__ = [
     'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
-    'hard_landmarks', 'hard_problem', 'inference_only', 'kernel_bound', 'official_float32_iterate',
+    'hard_landmarks', 'hard_problem', 'kernel_bound', 'official_float32_iterate',
     'pinv_accuracy', 'relative_deviation'
 ]
 
@@ -23,56 +23,22 @@ HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identit
                 'boundary')
 KERNEL_BOUND = 1e-3
 
-# The ways to compute A⁺·Z (``newton_pinv_apply`` arguments; 'tf32' with the schedule
-# off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's plan's). ``PLAN_PATHS`` are
-# those a plan may take; the others are measured alternatives that miss
-# ``KERNEL_BOUND`` on some hard kernels (float32 eigh on near-rank-1 ones, every step
-# applied to the thin matrix near the boundary, the products made as symmetric results
-# on duplicated ones with TF32 steps), or deviate there far more than the whole
-# products (the same in float32).
+# The ways to compute A⁺·Z the library's variants take (``newton_pinv_apply`` arguments;
+# 'tf32' with the schedule off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's
+# plan's), each held to ``kernel_bound`` on the hard kernels.
 _CUDA = PLANS['cuda']
 PINV_PATHS = {
     'iterative': dict(method='iterative'),
-    'spectral': dict(method='spectral', eigh_dtype='float64'),
+    'spectral': dict(method='spectral'),
     'tf32': dict(method='tf32'),
     'tf32, padded to 8': dict(method='tf32', pad_to=8),
     "tf32, CUDA's plan": dict(method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps,
                               pad_to=_CUDA.pinv_pad),
     "tf32, CUDA's plan, last steps thin": dict(
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.tf32_float32_steps[1]),
-    "tf32, CUDA's plan, last steps thin, first step guarded": dict(
-        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.tf32_float32_steps[1], tf32_first_steps='guarded'),
-    "tf32, CUDA's plan, last steps thin, Horner's rule in inference": dict(
-        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.tf32_float32_steps[1], thin_horner='always'),
-    "tf32, CUDA's plan, last steps thin, float32 products split": dict(
-        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.tf32_float32_steps[1], float32_products='tf32x3'),
-    'tf32x3': dict(method='tf32x3'),
-    "tf32, CUDA's plan, symmetric products": dict(
-        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.tf32_float32_steps[1], symmetric_blocks=2),
-    'iterative, symmetric products': dict(method='iterative', symmetric_blocks=2),
-    'iterative, thin': dict(method='iterative', thin_steps=20),
-    'spectral, float32 eigh': dict(method='spectral', eigh_dtype='float32'),
-    'spectral, mixed eigh': dict(method='spectral', eigh_dtype='mixed'),
-    'spectral, tridiagonal': dict(method='spectral', eigh_dtype='mixed',
-                                  spectral_inference='tridiagonal'),
+        thin_steps=_CUDA.thin_steps),
 }
-PLAN_PATHS = ('iterative', 'spectral', 'spectral, mixed eigh', 'spectral, tridiagonal',
-              'tf32', 'tf32, padded to 8',
-              "tf32, CUDA's plan", "tf32, CUDA's plan, last steps thin",
-              "tf32, CUDA's plan, last steps thin, first step guarded",
-              "tf32, CUDA's plan, last steps thin, Horner's rule in inference",
-              "tf32, CUDA's plan, last steps thin, float32 products split", 'tf32x3')
-
-
-def inference_only(kwargs):
-    """Whether a path's options (``PINV_PATHS``) differ from another's only without
-    gradients: the tridiagonal application."""
-    return kwargs.get('spectral_inference') == 'tridiagonal'
+PLAN_PATHS = tuple(PINV_PATHS)
 
 
 def kernel_bound(floor):
@@ -163,14 +129,13 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
         per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
-        path with gradients; none for the inference-only tridiagonal application, whose
-        path trains as 'spectral' does), each the deviation (inf where not finite).
+        path with gradients), each the deviation (inf where not finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))
     for name in paths:
         kwargs = PINV_PATHS[name]
-        for grad in ((False, ) if inference_only(kwargs) else (False, True)):
+        for grad in (False, True):
             with torch.set_grad_enabled(grad):
                 W = newton_pinv_apply(A.to(device, copy=True).requires_grad_(grad), Z.to(device),
                                       nonnegative=True, **kwargs).detach().cpu()

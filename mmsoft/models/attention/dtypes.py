@@ -1,15 +1,11 @@
 """Where the attention of both families computes: the dtype of its small products, the
 device type and dtype autocast knows, the float32 precision of matmuls and convolutions,
-whether torch.compile is tracing it (under the names of every torch from 2.1 on), and
-whether Triton's kernels can run. No per-device choices here (``plan.py``)."""
-import functools
-import importlib.metadata
-import importlib.util
-
+and whether torch.compile is tracing it (under the names of every torch from 2.1 on). No
+per-device choices here (``plan.py``)."""
 import torch
 
 __all__ = ['autocast_dtype', 'compute_dtype', 'device_type', 'float32_precision',
-           'is_compiling', 'new_tf32_flags', 'triton_available', 'widest_dtype']
+           'is_compiling', 'new_tf32_flags', 'widest_dtype']
 
 
 def device_type(t):
@@ -68,18 +64,3 @@ def new_tf32_flags():
     Asked of ``torch.backends`` itself: torch 2.1's ``torch.backends.cuda.matmul``
     answers an unknown attribute with an AssertionError, which ``hasattr`` lets through."""
     return hasattr(torch.backends, 'fp32_precision')
-
-
-@functools.lru_cache(maxsize=None)
-def triton_available():
-    """Whether Triton 3 or later is installed (the fused kernel products, the split float32
-    products; PyTorch's wheels for Linux with CUDA bring it). Read from the package
-    metadata: importing Triton takes a second."""
-    if importlib.util.find_spec('triton') is None:
-        return False
-    for dist in ('triton', 'pytorch-triton'):
-        try:
-            return int(importlib.metadata.version(dist).split('.')[0]) >= 3
-        except (importlib.metadata.PackageNotFoundError, ValueError):
-            continue
-    return False

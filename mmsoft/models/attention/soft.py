@@ -14,14 +14,11 @@ Every P (or chunk of it) is one product of the thin kernel features
 (``kernel_features``, made once per attention; where inference forms P whole, the
 landmarks' features serve both P and the m×m kernel A), clamped and exponentiated in
 place: three passes over an N×m tensor and no copies, in training too, where the
-products with the features also give the norms' gradients (``_KernelMatmul``).
-
-Where the device's plan says ``kernel_products='triton_chunks'``, each float32 chunk of P
-(P whole where it is formed once) is written by one Triton kernel instead
-(``triton_chunks.py``, CUDA): one pass instead of three, and in backward G = ∇P ⊙ P with
-it; the products stay the library's. Where it says ``kernel_products='fused'``, float32
-products run in fused Triton kernels instead (``fused.py``, CUDA): P is computed block by
-block in registers and never written to memory, with or without gradients.
+products with the features also give the norms' gradients (``_KernelMatmul``). How each
+chunk is made is dispatched among ``dispatch.KERNEL_PRODUCTS`` by the plan's
+``kernel_products`` (the library's: ``Chunks``, those library operators); the inverse's
+variant for the m-sized middle by the layer's ``pinv_method`` and the plan's ``pinv``
+(``dispatch.select_variant``).
 """
 import math
 from functools import partial
@@ -29,9 +26,10 @@ from typing import NamedTuple
 
 import torch
 
+from .dispatch import (KERNEL_PRODUCTS, Inputs, KernelProducts, pinv_methods,
+                       register_kernel_products, select, select_variant)
 from .dtypes import autocast_dtype, compute_dtype, device_type, is_compiling
-from .newton import newton_pinv, newton_pinv_apply, normalize_inverse, regularized_apply
-from .plan import plan_for
+from .newton import newton_pinv, normalize_inverse
 
 __all__ = [
     'gaussian_kernel', 'kernel_attention', 'kernel_features', 'kernel_matmul',
@@ -80,40 +78,44 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-def _fused(q, plan):
-    """Whether P's products run in the fused kernels (``fused.py``): the plan's
-    ``kernel_products`` says 'fused', q is float32, and the code runs eagerly (compiled
-    and traced code keeps the library products)."""
-    return (plan.kernel_products == 'fused' and q.dtype == torch.float32 and
-            not is_compiling() and not torch.jit.is_tracing())
+class Chunks(KernelProducts):
+    """P's chunks from three library operators (``_kernel``), G = (left·rightᵀ) ⊙ P with
+    two more: the library's way, on every device and dtype."""
+    name = 'chunks'
+
+    def form(self, fq, fl):
+        return _kernel(fq, fl)
+
+    def form_with_grad(self, fq, fl, left, right, keep_p):
+        P = _kernel(fq, fl)
+        return P, torch.bmm(left, right.transpose(-1, -2)).mul_(P)
 
 
-def _triton_chunks(q, plan):
-    """Whether P's chunks (and G) are written by the Triton kernel of ``triton_chunks.py``:
-    the plan's ``kernel_products`` says 'triton_chunks', q is float32, and the code runs
-    eagerly."""
-    return (plan.kernel_products == 'triton_chunks' and q.dtype == torch.float32 and
-            not is_compiling() and not torch.jit.is_tracing())
+register_kernel_products(Chunks())
 
 
-class _TritonChunks(NamedTuple):
-    """P's row chunks, each written by the Triton kernel of ``triton_chunks.py``
-    (``_chunk_count``): ``count`` of them, its products split into TF32 ones where
-    ``split``."""
+def _plan(q, plan):
+    """``plan``, or where None the plan in force for q's device type (``plan.py``, which
+    imports this module to register ``Chunks``: imported when called)."""
+    if plan is not None:
+        return plan
+    from .plan import plan_for
+    return plan_for(q.device.type)
+
+
+class _Chunking(NamedTuple):
+    """How P = κ(q, landmarks) is computed in row chunks (``_chunking``): ``count`` of
+    them, each made by ``products`` (a ``dispatch.KernelProducts``)."""
     count: int
-    split: bool
+    products: KernelProducts
 
 
-def _chunk_count(q, landmarks, plan=None):
-    """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
-    most the plan's ``kernel_chunk`` elements; under ``torch.compile`` its
-    ``compiled_kernel_chunks``, whatever the size. Where the fused kernels compute P's
-    products without forming it (``_fused``), the plan's ``float32_products`` instead (a
-    str: 'tf32x3' and 'fp16x3' split their products with P into TF32 ones; fp16 ones
-    would need each operand's scale, which the kernels, seeing a block at a time, do not
-    have: ``_split``); where the Triton kernel of ``triton_chunks.py`` writes each chunk
-    (``_triton_chunks``), the count and that split as a ``_TritonChunks``. ``plan`` None:
-    the plan in force for q's device type.
+def _chunking(q, landmarks, plan=None):
+    """How P = κ(q, landmarks), (..., N, m), is computed in row chunks: chunks of at most
+    the plan's ``kernel_chunk`` elements, under ``torch.compile`` its
+    ``compiled_kernel_chunks`` whatever the size; each made by the first of the plan's
+    ``kernel_products`` that can run on q (``dispatch.select``). ``plan`` None: the plan
+    in force for q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -121,35 +123,13 @@ def _chunk_count(q, landmarks, plan=None):
     limit is reached. With a fixed count one graph holds for every size
     (tests/models/backbones/test_soft.py).
     """
-    if plan is None:
-        plan = plan_for(q.device.type)
-    if _fused(q, plan):
-        return plan.float32_products
+    plan = _plan(q, plan)
+    products = select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]), KERNEL_PRODUCTS, 'kernel_products')
     if is_compiling():
-        return plan.compiled_kernel_chunks
+        return _Chunking(plan.compiled_kernel_chunks, products)
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
     step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
-    count = -(-N // step)
-    if _triton_chunks(q, plan):
-        return _TritonChunks(count, _split(plan.float32_products))
-    return count
-
-
-def _split(products):
-    """Whether the fused kernels split their products with P, and the kernel of
-    ``triton_chunks.py`` its products (``_chunk_count``; the plan's ``float32_products``):
-    as three TF32 products for 'tf32x3' and 'fp16x3'."""
-    return products != 'float32'
-
-
-def _former(count):
-    """(row chunks, forming function) for a ``_chunk_count`` that is not the fused
-    kernels': the function makes a chunk of P from the features, (b, rows, K) and
-    (b, m, K) -> (b, rows, m): ``_kernel`` (library operators) or the Triton kernel."""
-    if isinstance(count, _TritonChunks):
-        from . import triton_chunks
-        return count.count, partial(triton_chunks.kernel, split=count.split)
-    return count, _kernel
+    return _Chunking(-(-N // step), products)
 
 
 def _row_parts(count, *tensors):
@@ -192,25 +172,19 @@ def _features_of(q, landmarks):
         return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
-def _kernel_product(fq, fl, w3, count, transpose=False):
+def _kernel_product(fq, fl, w3, chunking, transpose=False):
     """P·W, or Pᵀ·W, for P = κ from the features, one row chunk of P at a time.
 
     Args:
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        count (int | str | _TritonChunks): P's row chunks (``_chunk_count``); a str:
-            the fused kernels, with their products split into TF32 ones if 'tf32x3';
-            a ``_TritonChunks``: each chunk written by the Triton kernel of
-            ``triton_chunks.py``.
+        chunking (_Chunking): P's row chunks and how each is made (``_chunking``).
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
     """
-    if isinstance(count, str):
-        from . import fused
-        return fused.product(fq, fl, w3, transpose, split=_split(count))
-    count, form = _former(count)
+    count, form = chunking.count, chunking.products.form
     if not transpose:
         return _cat_rows([form(q, fl) @ w3 for q, in _row_parts(count, fq)])
     out = None
@@ -219,7 +193,7 @@ def _kernel_product(fq, fl, w3, count, transpose=False):
     return out
 
 
-def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
+def _kernel_backward(fq, fl, chunking, grad, transpose, left, right, needs):
     """One backward pass over P's row chunks, P = κ from the features recomputed per chunk.
 
     For out = P·W (Pᵀ·W if ``transpose``) with ∇out = ``grad``: ∇W = Pᵀ·∇out (P·∇out).
@@ -230,9 +204,7 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
-        count (int | str | _TritonChunks): P's row chunks (``_chunk_count``); a str:
-            the fused kernels (as ``_kernel_product``); a ``_TritonChunks``: each chunk
-            of P, and G with it, written by the Triton kernel of ``triton_chunks.py``.
+        chunking (_Chunking): P's row chunks and how each (and G with it) is made.
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -240,25 +212,16 @@ def _kernel_backward(fq, fl, count, grad, transpose, left, right, needs):
         tuple: ∇W ((b, m, n), or (b, N, n) if ``transpose``), ∇q (b, N, K - 2) and ∇l
         (b, m, K - 2); None where not needed.
     """
-    if isinstance(count, str):
-        from . import fused
-        return fused.backward(fq, fl, grad, transpose, left, right, needs,
-                              split=_split(count))
     need_w, need_q, need_l = needs
-    split = count.split if isinstance(count, _TritonChunks) else None  # None: library
-    count, form = _former(count)
-    if split is not None:
-        from .triton_chunks import kernel_and_grad
+    count, products = chunking
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
     rows = (fq, left) if transpose else (fq, left, grad)  # split along P's rows
     for q, left_rows, *grad_rows in _row_parts(count, *rows):
-        if split is not None and (need_q or need_l):  # G, and P if ∇W needs it: one pass
-            P, G = kernel_and_grad(q, fl, left_rows, right, keep_p=need_w, split=split)
+        if need_q or need_l:  # G, and P if ∇W needs it
+            P, G = products.form_with_grad(q, fl, left_rows, right, keep_p=need_w)
         else:
-            P = form(q, fl)  # (b, rows, m)
-            if need_q or need_l:
-                G = torch.bmm(left_rows, right.transpose(-1, -2)).mul_(P)
+            P = products.form(q, fl)  # (b, rows, m)
         if need_w and transpose:
             grad_w_rows.append(P @ grad)
         elif need_w:
@@ -285,10 +248,10 @@ class _KernelMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, transpose, count, fq, fl):
+    def forward(ctx, q, l, w, transpose, chunking, fq, fl):
         ctx.save_for_backward(q, l, w)
-        ctx.transpose, ctx.count = transpose, count
-        out = _kernel_product(fq, fl, _flat(w), count, transpose)
+        ctx.transpose, ctx.chunking = transpose, chunking
+        out = _kernel_product(fq, fl, _flat(w), chunking, transpose)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -298,7 +261,7 @@ class _KernelMatmul(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         w3, grad = _flat(w), _flat(grad)
         left, right = (w3, grad) if ctx.transpose else (grad, w3)  # ∇P = left·rightᵀ
-        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.count, grad, ctx.transpose,
+        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunking, grad, ctx.transpose,
                                                   left, right, (need_w, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_w, w),
                 None, None, None, None)
@@ -320,10 +283,10 @@ class _KernelIn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, v, link, count, fq, fl):
+    def forward(ctx, q, l, v, link, chunking, fq, fl):
         ctx.save_for_backward(q, l, v)
-        ctx.link, ctx.count = link, count
-        Z = _kernel_product(fq, fl, _flat(v), count, transpose=True)  # (b, m, d)
+        ctx.link, ctx.chunking = link, chunking
+        Z = _kernel_product(fq, fl, _flat(v), chunking, transpose=True)  # (b, m, d)
         return Z.view(*v.shape[:-2], *Z.shape[-2:])
 
     @staticmethod
@@ -339,7 +302,7 @@ class _KernelIn(torch.autograd.Function):
             # ∇P of both products: [∇out, V]: (b, N, 2d) times [W, ∇Z]ᵀ: (b, 2d, m)
             left = torch.cat([_flat(grad_out), v3], -1)
             right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
-        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.count, grad_z, True, left,
+        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunking, grad_z, True, left,
                                                   right, (need_v, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_v, v),
                 None, None, None, None)
@@ -356,11 +319,11 @@ class _KernelOut(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, link, count, fq, fl):
+    def forward(ctx, q, l, w, link, chunking, fq, fl):
         ctx.save_for_backward(q, l)
-        ctx.link, ctx.count, ctx.w_shape = link, count, w.shape
+        ctx.link, ctx.chunking, ctx.w_shape = link, chunking, w.shape
         link['W'] = w.detach()
-        out = _kernel_product(fq, fl, _flat(w), count)
+        out = _kernel_product(fq, fl, _flat(w), chunking)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -369,7 +332,7 @@ class _KernelOut(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         # ∇out as autograd gave it and the features, until _KernelIn's backward takes them
         ctx.link.update(grad_out=grad, features=(fq, fl))
-        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.count, transpose=True)  # (b, m, d)
+        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunking, transpose=True)  # (b, m, d)
         return None, None, grad_w.view(ctx.w_shape), None, None, None, None
 
 
@@ -381,13 +344,13 @@ def kernel_matmul(q, landmarks, w, transpose=False, plan=None):
         landmarks (Tensor): (..., m, d)
         w (Tensor): (..., m, n), or (..., N, n) if ``transpose``
         plan (AttentionPlan, optional): κ's row chunks are its ``kernel_chunk``'s (its
-            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunking``); None: the
             plan in force for q's device type.
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    count = _chunk_count(q, landmarks, plan)
-    return _KernelMatmul.apply(q, landmarks, w, transpose, count,
+    chunking = _chunking(q, landmarks, plan)
+    return _KernelMatmul.apply(q, landmarks, w, transpose, chunking,
                                *_features_of(q, landmarks))
 
 
@@ -408,22 +371,22 @@ def kernel_attention(q, landmarks, v, middle, lm=None, plan=None):
         lm (Tensor, optional): the landmarks ``middle`` takes, l̃ (e.g. in float32 for
             half-precision q); None: ``landmarks``.
         plan (AttentionPlan, optional): P's row chunks are its ``kernel_chunk``'s (its
-            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunking``); None: the
             plan in force for q's device type.
     Returns:
         Tensor: (..., N, d) in q's dtype.
     """
     lm = landmarks if lm is None else lm
-    count = _chunk_count(q, landmarks, plan)
+    chunking = _chunking(q, landmarks, plan)
     features = _features_of(q, landmarks)
     if is_compiling() or torch.jit.is_tracing():
-        Z = _KernelMatmul.apply(q, landmarks, v, True, count, *features)  # (..., m, d)
+        Z = _KernelMatmul.apply(q, landmarks, v, True, chunking, *features)  # (..., m, d)
         W = middle(lm, Z.to(lm.dtype))
-        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, count, *features)
+        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunking, *features)
     link = {}  # W, and in backward ∇out, from _KernelOut to _KernelIn
-    Z = _KernelIn.apply(q, landmarks, v, link, count, *features)  # (..., m, d)
+    Z = _KernelIn.apply(q, landmarks, v, link, chunking, *features)  # (..., m, d)
     W = middle(lm, Z.to(lm.dtype))
-    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, count, *features)
+    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, chunking, *features)
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
@@ -443,8 +406,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         iters (int): Newton–Raphson steps.
         normalize (bool): apply D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25); off reproduces the
             un-normalized SOFT of the NeurIPS paper (Table 10 ablation).
-        pinv_method (str): how the T-step iterate A⁺ is computed (``PINV_METHODS``;
-            'auto': the plan's method for m), or the fast mode 'regularized'.
+        pinv_method (str): how the T-step iterate A⁺ is computed (``pinv_methods()``:
+            'auto', the plan's list for m, or a variant's name; the fast mode
+            'regularized' is not the iterate).
         plan (AttentionPlan, optional): every per-device choice (``plan.py``); None: the
             plan in force for q's device type. A SOFT layer reads it once per forward and
             passes it here.
@@ -453,9 +417,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     """
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
-    if plan is None:
-        plan = plan_for(q.device.type)
-    method = plan.resolve(pinv_method, landmarks.shape[-2])  # checked in either order
+    plan = _plan(q, plan)
+    if pinv_method not in pinv_methods():  # checked in either order
+        raise ValueError(f'pinv_method must be one of {pinv_methods()}, got {pinv_method!r}')
     if plan.order == 'official':
         return official_order_attention(q, landmarks, v, iters, normalize)
     device = device_type(q)
@@ -467,18 +431,17 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
                       for t in (q, landmarks, v)]
         # P in row chunks (``kernel_attention``) when gradients are needed (then it is
         # never kept for backward) or when it is too large to form at once on this
-        # device, and never formed where the fused kernels compute its products; a traced
-        # graph keeps the plain products (the chunking is Python-side).
+        # device; a traced graph keeps the plain products (the chunking is Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
         once_up_to = plan.kernel_once_up_to
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
-        chunked = (grad or large or _fused(qc, plan)) and not torch.jit.is_tracing()
+        chunked = (grad or large) and not torch.jit.is_tracing()
         # The small m×m landmark kernel A and its inverse always stay in float32.
         dtype = compute_dtype(landmarks)
         lm = landmarks.to(dtype)
         if chunked:  # the kernel features once for both products
             middle = partial(_landmark_middle, iters=iters, normalize=normalize,
-                             method=method, plan=plan)
+                             pinv_method=pinv_method, plan=plan)
             return kernel_attention(qc, lc, vc, middle, lm, plan)
         # The landmarks' features serve A and P (unless P runs in another dtype: autocast,
         # half inputs). Not in training, where they would have to exist before the kernel
@@ -487,47 +450,38 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         fm = kernel_features(lm, right=True)
         fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
         fq = kernel_features(qc)
-        if _triton_chunks(qc, plan):  # written by one Triton kernel
-            from . import triton_chunks
-            P = triton_chunks.kernel(_flat(fq), _flat(fl),
-                                     split=_split(plan.float32_products))
-            P = P.view(*qc.shape[:-1], lc.shape[-2])
-        else:
-            P = _kernel(fq, fl)  # (..., N, m), computed once
+        products = select(plan.kernel_products, Inputs.of(qc, m=lc.shape[-2]), KERNEL_PRODUCTS,
+                          'kernel_products')
+        P = products.form(_flat(fq), _flat(fl))  # computed once
+        P = P.view(*qc.shape[:-1], lc.shape[-2])  # (..., N, m)
         A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
-        W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize, method,
-                           plan)
+        W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize,
+                           pinv_method, plan)
         return P @ W.to(P.dtype)
 
 
-def _apply_inverse(A, Z, iters, normalize, method, plan):
-    """W = D^-1/2·A⁺·D^-1/2·Z (TPAMI Eq. 25; A⁺·Z without ``normalize``), D = diag(A·1).
+def _apply_inverse(A, Z, iters, normalize, pinv_method, plan):
+    """W = D^-1/2·A⁺·D^-1/2·Z (TPAMI Eq. 25; A⁺·Z without ``normalize``), D = diag(A·1),
+    A⁺·Z by the variant the dispatch picks for these inputs (``dispatch.select_variant``).
 
     Args:
         A (Tensor): (..., m, m) landmark kernel, float32 or float64.
         Z (Tensor): (..., m, d) Pᵀ·V, A's dtype.
-        method (str): resolved by the plan: an exact method or 'regularized'.
+        pinv_method (str): the layer's: 'auto' (the plan's list) or a variant's name.
     Returns:
         Tensor: (..., m, d)
     """
     if normalize:
         d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
         Z = d_inv_sqrt * Z
-    if method == 'regularized':
-        W = regularized_apply(A, Z, iters)
-    else:
-        W = newton_pinv_apply(A, Z, iters, method, nonnegative=True,
-                              thin_steps=plan.thin_steps_for(method, iters),
-                              thin_horner=plan.thin_horner,
-                              spectral_inference=plan.spectral_inference_for(A.shape[-1]),
-                              **plan.pinv_options())
+    W = select_variant(pinv_method, plan, Inputs.of(A, Z)).apply(A, Z, iters, plan)
     return d_inv_sqrt * W if normalize else W
 
 
-def _landmark_middle(lm, Z, iters, normalize, method, plan):
+def _landmark_middle(lm, Z, iters, normalize, pinv_method, plan):
     """``soft_attention``'s m-sized middle for ``kernel_attention``:
     A = κ(l̃, l̃), then ``_apply_inverse``."""
-    return _apply_inverse(gaussian_kernel(lm, lm), Z, iters, normalize, method, plan)
+    return _apply_inverse(gaussian_kernel(lm, lm), Z, iters, normalize, pinv_method, plan)
 
 
 def _out_of_place_kernel(a, b):

@@ -15,7 +15,7 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ..attention import PINV_METHODS, plan_for, soft_attention
+from ..attention import VARIANTS, pinv_methods, plan_for, soft_attention
 from ..cuda_graphs import StageGraphs, can_capture, check_cuda_graphs
 from ..utils import (Backbone, DropPath, Mlp, build_norm, check_depths, guard_gelu_grad,
                      parse_arch)
@@ -243,16 +243,17 @@ class SOFT(Backbone):
         attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25);
             False is the NeurIPS SOFT (paper Table 10 ablation).
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
-            same result up to rounding: 'iterative' runs the matrix iterations in float32,
-            'spectral' evaluates them through one eigendecomposition, 'tf32' runs the
-            middle steps with TF32 tensor-core products (CUDA; emulated elsewhere) between
-            float32 steps (the plan's ``tf32_float32_steps``: 1 first, 8 last), 'tf32x3'
-            makes every float32 product from three TF32 products of split operands
-            (float32 accuracy on tensor cores; emulated off CUDA); 'auto' (default) picks
-            per device and landmark count from measurements (the device's plan,
-            ``mmsoft.models.attention.PLANS``: on CPU spectral above 128 landmarks, on
-            CUDA iterative). 'regularized' is a fast mode that is *not* the iterate: a
-            Tikhonov solve (A² + μI)⁻¹·A with μ = 1/(α·2^T) by one Cholesky factorization
+            same result up to rounding: 'auto' (default) takes the first variant of the
+            device's plan that can run (``mmsoft.models.attention.PLANS``, chosen by
+            measurements: on the CPU 'iterative' up to 128 landmarks and 'spectral'
+            above; on CUDA 'iterative' up to 196 and 'tf32' above); 'iterative' runs the
+            matrix iterations in float32 (the reference), 'spectral' evaluates them
+            through one eigendecomposition (CPU, CUDA), 'tf32' runs the middle steps with
+            TF32 tensor-core products between float32 steps (the plan's
+            ``tf32_float32_steps``; float32 only; emulated off CUDA). A variant forced
+            where it cannot run raises with the reasons. 'regularized' is a fast mode
+            that is *not* the iterate: a Tikhonov solve (A² + μI)⁻¹·A with
+            μ = 1/(α·2^T) by one Cholesky factorization
             (``mmsoft.models.attention.regularized_apply``; deviation from the reference:
             docs/en/benchmarks.md).
         landmark_grid (int, optional): at most ``landmark_grid``² landmarks per head
@@ -343,8 +344,8 @@ class SOFT(Backbone):
         self.out_indices = self._parse_out_indices(out_indices, 4, 'stage')
         self.num_stages = self.out_indices[-1] + 1
         self._check_frozen_stages(self.num_stages, 'stages')
-        if pinv_method not in PINV_METHODS:
-            raise ValueError(f'pinv_method must be one of {PINV_METHODS}, got '
+        if pinv_method not in pinv_methods():
+            raise ValueError(f'pinv_method must be one of {pinv_methods()}, got '
                              f'{pinv_method!r}')
         if landmark_grid is not None and landmark_grid < 1:
             raise ValueError(f'landmark_grid must be None or >= 1, got {landmark_grid}')
@@ -362,10 +363,10 @@ class SOFT(Backbone):
             raise ValueError('SOFT: cuda_graphs and with_cp cannot be combined (activation '
                              "checkpointing saves the CUDA RNG state, which a capture "
                              'cannot read)')
-        if graphs is not None and pinv_method == 'spectral':
-            raise ValueError("SOFT: cuda_graphs needs a pinv_method other than 'spectral': "
-                             'torch.linalg.eigh synchronizes a GPU with the host, which a '
-                             'CUDA graph cannot capture')
+        if graphs is not None and pinv_method != 'auto' and not VARIANTS[pinv_method].capturable:
+            raise ValueError(f'SOFT: cuda_graphs needs a pinv_method other than '
+                             f'{pinv_method!r}: it reads values on the host (eigh '
+                             'synchronizes a GPU with it), which a CUDA graph cannot capture')
         # a plain attribute, not a submodule: not in state_dict, dropped by deepcopy
         self.cuda_graphs = StageGraphs(**graphs) if graphs is not None else None
         self._warned_eager = False
@@ -459,7 +460,7 @@ class SOFT(Backbone):
                               'the blocks run eagerly')
             return eager(x)
         plan = plan_for(x.device.type)
-        if self.pinv_method == 'auto' and any(m == 'spectral' for _, m in plan.pinv):
+        if self.pinv_method == 'auto' and any(not VARIANTS[m].capturable for _, m in plan.pinv):
             # a forced plan with eigh: not even tried, as a failed capture of cuSOLVER's
             # syevd left its later eager calls failing (CUSOLVER_STATUS_EXECUTION_FAILED)
             if not self._warned_eager:

@@ -1,0 +1,17 @@
+"""SOFT's lab: candidates for the per-device plans, kept outside the mmsoft package until
+a measurement on their hardware decides them (README.md). Importing this package
+registers them with mmsoft's dispatch (``variants.register``); mmsoft never imports it.
+
+    custom_imports = dict(imports=['mmsoft', 'projects.soft_lab'], allow_failed_imports=False)
+"""
+from .variants import (FIRST_STEP_BOUND, FP16_PRODUCTS, Fp16Products, Fp16TF32, GuardedTF32,
+                       HornerTF32, TritonChunks, first_steps_needed, register,
+                       round_fp16_scaled, split_fp16)
+
+register()
+
+__all__ = [
+    'FIRST_STEP_BOUND', 'FP16_PRODUCTS', 'Fp16Products', 'Fp16TF32', 'GuardedTF32',
+    'HornerTF32', 'TritonChunks', 'first_steps_needed', 'register', 'round_fp16_scaled',
+    'split_fp16'
+]
