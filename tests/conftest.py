@@ -109,58 +109,6 @@ def force_plan():
         yield lambda *args, **kwargs: stack.enter_context(attention_plan(*args, **kwargs))
 
 
-def _nvidia_toolchain():
-    """Whether Triton (3 or later) with its NVIDIA backend's ptxas and cuobjdump is here,
-    and this process does not run Triton's interpreter."""
-    from mmsoft.models.attention.dtypes import triton_available
-    if os.environ.get('TRITON_INTERPRET') == '1' or not triton_available():
-        return False
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError:
-        return False
-    bin_dir = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin')
-    return all(osp.isfile(osp.join(bin_dir, t)) for t in ('ptxas', 'cuobjdump'))
-
-
-needs_sm90_compiler = pytest.mark.skipif(
-    not _nvidia_toolchain(),
-    reason="needs Triton's NVIDIA backend with ptxas, outside its interpreter")
-
-
-def sm90_resources(kernel, constants, num_warps, pointers, floats=(), half_pointers=(),
-                   aligned=()):
-    """Compile the Triton ``kernel`` for an H100 (sm_90) with Triton's own ptxas, no GPU
-    needed, and return cuobjdump's register and stack (spill) use per thread, and the
-    PTX. ``pointers`` name its float32 pointer arguments, ``half_pointers`` its fp16
-    ones, ``floats`` its float32 scalars; the others not in ``constants`` are int32.
-    ``aligned`` names int arguments and pointers known to be multiples of 16 (bytes for
-    pointers), as Triton's launcher specializes them when they are: what lets it
-    vectorize loads and copy them to shared memory asynchronously."""
-    import tempfile
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    signature = {name: 'constexpr' if name in constants else '*fp32' if name in pointers
-                 else '*fp16' if name in half_pointers else 'fp32' if name in floats
-                 else 'i32' for name in kernel.arg_names}
-    source = ASTSource(kernel, signature, constexprs={
-        (kernel.arg_names.index(k), ): v for k, v in constants.items()}, attrs={
-        (kernel.arg_names.index(k), ): [['tt.divisibility', 16]] for k in aligned})
-    compiled = triton.compile(source, target=GPUTarget('cuda', 90, 32),
-                              options=dict(num_warps=num_warps))
-    tool = osp.join(osp.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
-    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(compiled.asm['cubin'])
-        f.flush()
-        usage = subprocess.run([tool, '-res-usage', f.name], capture_output=True, text=True,
-                               check=True).stdout
-    use = {k: int(v) for k, v in re.findall(r'(REG|STACK):(\d+)', usage)}
-    return use, compiled.asm['ptx']
-
-
 @pytest.fixture
 def no_tf32():
     """TF32 off for convolutions and matmuls until the test ends (the CUDA tests:
@@ -185,8 +133,7 @@ def _seed():
 # ATEN_CPU_CAPABILITY=default), so that a tolerance resting on one machine's order of
 # sums fails there, not on a user's machine.
 NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_fidelity.py',
-                    'test_xcit_sima.py', 'test_fixtures.py', 'test_fused.py',
-                    'test_iterate_matmul.py')
+                    'test_xcit_sima.py', 'test_fixtures.py')
 
 
 # The tests that go through the OpenMMLab packages' own machinery (registry, configs, the

@@ -84,7 +84,7 @@ class Variant:
     """
     name: str = ''
     devices: Optional[Tuple[str, ...]] = None  # device types
-    dtypes: Tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+    dtypes: Optional[Tuple[torch.dtype, ...]] = (torch.float32, torch.float64)
     min_m: int = 1
     max_m: Optional[int] = None
     gradients: bool = True  # runs where gradients are needed
@@ -99,7 +99,7 @@ class Variant:
         reasons = []
         if self.devices is not None and inputs.device not in self.devices:
             reasons.append(f'runs on {", ".join(self.devices)}, not {inputs.device}')
-        if inputs.dtype not in self.dtypes:
+        if self.dtypes is not None and inputs.dtype not in self.dtypes:
             names = ', '.join(str(d).replace('torch.', '') for d in self.dtypes)
             reasons.append(f'takes {names} kernels, not '
                            f'{str(inputs.dtype).replace("torch.", "")}')
@@ -209,7 +209,9 @@ def pinv_methods():
 # ------------------------------------------------------------------ P's products
 class KernelProducts(Variant):
     """How each row chunk of P = κ(Q, Q̃) (and, in backward, G = ∇P ⊙ P with it) is made
-    from the kernel features (``soft.py``): flat (b, rows, K) and (b, m, K)."""
+    from the kernel features (``soft.py``): flat (b, rows, K) and (b, m, K), in the
+    queries' dtype (half precision under autocast)."""
+    dtypes = None
 
     def form(self, fq, fl):
         """P (b, rows, m)."""

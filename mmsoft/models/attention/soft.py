@@ -124,7 +124,8 @@ def _chunking(q, landmarks, plan=None):
     (tests/models/backbones/test_soft.py).
     """
     plan = _plan(q, plan)
-    products = select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]), KERNEL_PRODUCTS, 'kernel_products')
+    products = select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]),
+                      KERNEL_PRODUCTS, 'kernel_products')
     if is_compiling():
         return _Chunking(plan.compiled_kernel_chunks, products)
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]

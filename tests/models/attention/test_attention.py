@@ -2,16 +2,15 @@
 import pytest
 import torch
 
-from mmsoft.testing import (HARD_KERNELS, PINV_PATHS, PLAN_PATHS, float64_iterate,
-                            hard_landmarks, hard_problem, inference_only, kernel_bound,
-                            pinv_accuracy, relative_deviation)
+from mmsoft.testing import (HARD_KERNELS, PLAN_PATHS, float64_iterate, hard_landmarks,
+                            hard_problem, kernel_bound, pinv_accuracy, relative_deviation)
 from mmsoft.models import attention
 from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
                                      newton_pinv, newton_pinv_apply, newton_pinv_error,
                                      normalize_inverse, regularized_apply,
                                      resolve_pinv_method, round_tf32, sima_attention,
                                      soft_attention)
-from conftest import alpha_tie, halvings, needs_one_graph_dynamo
+from conftest import alpha_tie, halvings
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
@@ -272,7 +271,9 @@ def _ill_conditioned_soft_inputs():
 def test_inverse_is_float32_under_autocast(monkeypatch):
     """Under bf16 autocast the N-sized products run in bf16 but the landmark kernel and
     its inverse stay float32 (~0.6 % from float64 here, the bf16 products' rounding).
-    The inverse sees float32 operands, which it would not with the guard removed."""
+    The inverse sees float32 operands; with the guard removed the dispatch would refuse
+    the bf16 kernel."""
+    from mmsoft.models.attention import dispatch
     from mmsoft.models.attention import soft as soft_mod
     q, lm, v = _ill_conditioned_soft_inputs()
     ref = soft_attention(q.double(), lm.double(), v.double())
@@ -282,7 +283,7 @@ def test_inverse_is_float32_under_autocast(monkeypatch):
         seen.append((A.dtype, Z.dtype))
         return newton_pinv_apply(A, Z, *args, **kwargs)
 
-    monkeypatch.setattr(soft_mod, 'newton_pinv_apply', recording_apply)
+    monkeypatch.setattr(dispatch, 'newton_pinv_apply', recording_apply)  # the variants'
 
     def deviation():
         seen.clear()
@@ -294,8 +295,8 @@ def test_inverse_is_float32_under_autocast(monkeypatch):
     assert deviation() < 0.02
     assert seen == [(torch.float32, torch.float32)]
     monkeypatch.setattr(soft_mod, 'compute_dtype', lambda t: torch.bfloat16)
-    deviation()
-    assert seen == [(torch.bfloat16, torch.bfloat16)]  # what the guard prevents
+    with pytest.raises(attention.VariantNotSupported, match='not bfloat16'):
+        deviation()  # without the guard a bf16 kernel would reach the inverse
     monkeypatch.undo()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         Y = newton_pinv(gaussian_kernel(lm, lm))
@@ -476,83 +477,45 @@ def test_every_path_a_plan_may_take_stays_near_the_float64_iterate(kind, m):
     assert resolve_pinv_method('auto', m, 'cpu') in PLAN_PATHS
     assert resolve_pinv_method('auto', m, 'cuda') in PLAN_PATHS
     out = pinv_accuracy(kind, m)
-    # inference and training per path; training not for the tridiagonal application
-    # (inference only: with gradients it is 'spectral')
-    assert len(out) == 2 + sum(1 if inference_only(PINV_PATHS[p]) else 2 for p in PLAN_PATHS)
+    assert len(out) == 2 + 2 * len(PLAN_PATHS)  # inference and training per path
     for name, dev in out.items():
         if name not in ('floor', 'bound'):
             assert dev <= out['bound'], (kind, m, name, dev, out['floor'])
 
 
-def test_the_measured_alternatives_miss_the_bound():
-    """Why no plan takes them (and that the bound can fail): float32 eigh on near-rank-1
-    landmarks (eigenvalues known only to ~eps·||A||, amplified by the filter's slope
-    α·2^T), the steps applied to the thin matrix near the step size's boundary
-    (their rounding is never corrected). Both stay finite."""
-    out = pinv_accuracy('near_rank1', 64, paths=('spectral, float32 eigh', ))
-    assert out['bound'] < out['spectral, float32 eigh inference'] < float('inf')
-    out = pinv_accuracy('boundary', 196, paths=('iterative, thin', ))
-    assert out['bound'] < out['iterative, thin inference'] < float('inf')
+def test_every_step_thin_misses_the_bound_near_the_boundary():
+    """Why a plan applies at most the float32 steps that end the iteration thin: with
+    every step thin (from V₀ = αA) the first factor 2I - αA² is near 0 for eigenvalues
+    near the step size's boundary and its rounding is never corrected. Finite."""
+    A, Z, ref, floor = hard_problem('boundary', 196)
+    W = newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin_steps=20)
+    assert kernel_bound(floor) < relative_deviation(W, ref) < float('inf')
 
 
-def test_symmetric_products_move_duplicated_landmarks():
-    """Why no plan makes the iterate's products as symmetric results (one triangle
-    computed, the other copied: ``newton._symmetric_baddbmm``). On duplicated
-    landmarks whole products keep the iterate out of the kernel's null direction
-    between the twins; the copied triangle's rounding puts error there, which each later
-    step doubles. Measured in inference on seeds 0-3 at m = 64 and 196 (`python
-    tools/analysis_tools/pinv_accuracy.py --kinds duplicated --seeds 0 1 2 3`, 2 row
-    blocks): CUDA's 'tf32' schedule 5.1e-4-2.7e-3, over the bound in 3 of the 8 (whole
-    products 6.8e-7-1.8e-5); the float32 iterate 7.3e-7-5.1e-6 (whole 3.6e-7-1.1e-6).
-    Seed 0, m = 64: 2.7e-3 against 1.2e-6, and 5.1e-6 against 4.8e-7; finite."""
-    paths = ("tf32, CUDA's plan, last steps thin", "tf32, CUDA's plan, symmetric products",
-             'iterative', 'iterative, symmetric products')
-    out = pinv_accuracy('duplicated', 64, paths=paths)
-    assert out["tf32, CUDA's plan, last steps thin inference"] < 1e-2 * out['bound']
-    assert out['bound'] < out["tf32, CUDA's plan, symmetric products inference"] < 1e-2
-    assert (out['iterative, symmetric products inference']
-            > 4 * out['iterative inference'])
-
-
-def test_symmetric_products_copy_one_triangle():
-    """``symmetric_blocks`` > 1: each row block [r0, r1) of a product known symmetric
-    from column r0 on, the blocks below the diagonal copies of those above (equal), the
-    rest within float32's rounding of the whole product (the triangles of A·V are
-    different sums); (k + 1)/(2k) of the flops for k blocks."""
-    from mmsoft.models.attention.newton import _row_blocks, _symmetric_baddbmm
-    assert _row_blocks(1056, 2) == [(0, 512), (512, 1056)]  # multiples of 64
-    assert _row_blocks(1056, 4) == [(0, 256), (256, 512), (512, 768), (768, 1056)]
-    assert _row_blocks(40, 2) == [(0, 20), (20, 40)]  # small: every row
-    A = gaussian_kernel_matrix(150, batch=(3, ), scale=0.3, dtype=torch.float32)
-    V = newton_alpha(A).reshape(-1, 1, 1) * A
-    for c, beta, alpha in ((None, 1., 1.), (V, 2., -1.), (None, 1., 0.5)):
-        whole = alpha * (A @ V) if c is None else torch.baddbmm(c, A, V, beta=beta,
-                                                                 alpha=alpha)
-        for blocks in (2, 3):
-            out = _symmetric_baddbmm(c, A, V, beta, alpha, blocks)
-            assert relative_deviation(out, whole.double()) < 1e-6, (blocks, beta)
-            for r0, r1 in _row_blocks(150, blocks)[:-1]:
-                assert torch.equal(out[:, r1:, r0:r1], out[:, r0:r1, r1:].transpose(1, 2))
-    with pytest.raises(ValueError, match='symmetric_blocks must be an int >= 1'):
-        newton_pinv(A, symmetric_blocks=0)
-    with pytest.raises(ValueError, match="symmetric_blocks > 1 takes the library's"):
-        newton_pinv(A, symmetric_blocks=2, float32_products='tf32x3')
+def _float32_eigh_apply(A, Z, iters=20):
+    """A⁺·Z through one float32 eigendecomposition alone (what 'spectral' does not do)."""
+    from mmsoft.models.attention.newton import _spectral_filter
+    lam, U = torch.linalg.eigh(A)
+    v = _spectral_filter(lam, newton_alpha(A, nonnegative=True), iters)
+    return U @ (v.unsqueeze(-1) * (U.mT @ Z))
 
 
 def test_mixed_eigh_keeps_the_bound_where_float32_eigh_misses_it():
-    """'mixed' splits off the Perron pair in float64 where it has converged (near-rank-1
+    """'spectral' splits off the Perron pair in float64 where it has converged (near-rank-1
     landmarks: float32 eigh alone 1.6e-3-3.4e-3, over the bound) and decomposes in
     float64 what its error estimate flags (the step size's boundary: float32 eigh 10× the
     bound on this kernel); elsewhere it runs float32 eigh, whose rounding shows against
     the float64 decomposition (clustered landmarks: 4.7e-5 against 9.4e-8)."""
-    mixed, f32 = 'spectral, mixed eigh', 'spectral, float32 eigh'
     for kind, m, seed in (('near_rank1', 64, 0), ('boundary', 64, 1)):
-        out = pinv_accuracy(kind, m, seed, paths=(mixed, f32))
-        assert out[f'{f32} inference'] > out['bound'], (kind, out)  # the case is hard
-        assert out[f'{mixed} inference'] <= out['bound'] / 1.5, (kind, out)
-        assert out[f'{mixed} training'] <= out['bound'] / 1.5, (kind, out)
-    out = pinv_accuracy('clustered', 196, paths=(mixed, 'spectral'))
-    assert out[f'{mixed} inference'] > 10 * out['spectral inference'], out
+        A, Z, ref, floor = hard_problem(kind, m, seed)
+        assert relative_deviation(_float32_eigh_apply(A, Z), ref) > kernel_bound(floor)
+        out = pinv_accuracy(kind, m, seed, paths=('spectral', ))
+        assert out['spectral inference'] <= out['bound'] / 1.5, (kind, out)
+        assert out['spectral training'] <= out['bound'] / 1.5, (kind, out)
+    A, Z, ref, _ = hard_problem('clustered', 196)
+    W64 = newton_pinv_apply(A.double(), Z.double(), method='spectral', nonnegative=True)
+    out = pinv_accuracy('clustered', 196, paths=('spectral', ))
+    assert out['spectral inference'] > 10 * relative_deviation(W64, ref), out
 
 
 def test_mixed_eigh_treats_each_kernel_of_a_batch_on_its_own():
@@ -566,7 +529,7 @@ def test_mixed_eigh_treats_each_kernel_of_a_batch_on_its_own():
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
             W = newton_pinv_apply(A.clone().requires_grad_(grad), Z, nonnegative=True,
-                                  method='spectral', eigh_dtype='mixed').detach()
+                                  method='spectral').detach()
         assert W.shape == Z.shape
         for (kind, seed), (_, _, ref, floor), w in zip(kinds, problems, W.reshape(4, 64, 32)):
             assert relative_deviation(w, ref) <= kernel_bound(floor), (kind, seed, grad)
@@ -603,67 +566,6 @@ def test_tf32_needs_a_first_float32_step_near_the_boundary():
     assert relative_deviation(W, ref) <= kernel_bound(floor)
 
 
-def test_first_step_guard_bounds_every_eigenvalue():
-    """``first_steps_needed``'s bound α·max_j (|A|·(|A|·1))_j lies above α·λ_max² on every
-    hard kernel and on Gaussian kernels of landmarks spread from near-identical to far
-    apart, so a kernel it lets off the first float32 step has αλ² ≤ 1 for all its
-    eigenvalues (TF32 rounding then stays far from the boundary at 2); and it does not
-    let off the kernels that sit at the boundary."""
-    from mmsoft.models.attention.newton import FIRST_STEP_BOUND, first_steps_needed
-    kernels = [hard_problem(kind, 64, seed=1)[0] for kind in HARD_KERNELS]
-    for scale in (0.05, 0.2, 1., 5.):
-        kernels.append(gaussian_kernel_matrix(48, batch=(2, ), scale=scale).float())
-    let_off = 0
-    for A in kernels:
-        alpha = newton_alpha(A, nonnegative=True)
-        needed = first_steps_needed(A, alpha, nonnegative=True)
-        assert torch.equal(needed, first_steps_needed(A, alpha))  # |A| = A here
-        lam = torch.linalg.eigvalsh(A.double()).abs().amax(-1)
-        x0 = alpha.double().reshape(needed.shape) * lam**2
-        assert (x0[~needed] <= FIRST_STEP_BOUND).all(), (x0, needed)
-        let_off += int((~needed).sum())
-    boundary = hard_problem('boundary', 64, seed=1)[0]
-    assert first_steps_needed(boundary, newton_alpha(boundary, nonnegative=True)).all()
-    assert 0 < let_off < sum(A[..., 0, 0].numel() for A in kernels)
-
-
-@pytest.mark.parametrize('kind', HARD_KERNELS)
-def test_guarded_first_step_runs_only_where_needed(kind):
-    """``tf32_first_steps='guarded'`` runs CUDA's schedule (1 + 15 + 4, the last 4 thin)
-    with its first float32 step where a kernel may sit near the step size's boundary
-    (near-identity kernels, and those built on it), and in TF32 elsewhere: the
-    iterate moves then, and stays within the hard-kernel bound either way (worst
-    measured: 1.5e-4 on near-rank-1 landmarks, the first step in float32 1.4e-4)."""
-    from mmsoft.models.attention.newton import first_steps_needed
-    A, Z, ref, floor = hard_problem(kind, 64, seed=1)
-    options = dict(method='tf32', nonnegative=True, tf32_float32_steps=(1, 4), pad_to=32,
-                   thin_steps=4)
-    W = newton_pinv_apply(A, Z, tf32_first_steps='guarded', **options)
-    always = newton_pinv_apply(A, Z, **options)
-    assert relative_deviation(W, ref) <= kernel_bound(floor)
-    needed = bool(first_steps_needed(A, newton_alpha(A, nonnegative=True), True).any())
-    assert needed == (kind in ('near_identity', 'boundary'))
-    moved = relative_deviation(W, always)
-    assert moved < 1e-12 if needed else moved > 1e-8, moved
-
-
-@needs_one_graph_dynamo
-def test_guarded_first_step_runs_under_torch_compile():
-    """Under torch.compile the guard's value cannot be read on the host: the first
-    float32 step runs, as with 'always', and the graph has no break."""
-    A, Z, _, _ = hard_problem('pooled', 64, seed=1)
-    options = dict(method='tf32', nonnegative=True, tf32_float32_steps=(1, 4), pad_to=32,
-                   thin_steps=4)
-    compiled = torch.compile(lambda A, Z: newton_pinv_apply(A, Z, tf32_first_steps='guarded',
-                                                            **options),
-                             fullgraph=True, backend='eager')
-    torch.compiler.reset()
-    W = compiled(A, Z)
-    always = newton_pinv_apply(A, Z, **options)
-    guarded = newton_pinv_apply(A, Z, tf32_first_steps='guarded', **options)
-    assert relative_deviation(W, always) < 1e-12 < relative_deviation(guarded, always)
-
-
 def test_tf32_needs_its_last_float32_steps():
     """The float32 steps that end 'tf32' remove the TF32 rounding in the converged
     directions (Newton's step squares the error there): without them a clustered kernel
@@ -675,25 +577,13 @@ def test_tf32_needs_its_last_float32_steps():
     assert relative_deviation(W, ref) <= kernel_bound(floor) / 2
 
 
-def test_split_tf32_products_have_float32_accuracy():
-    """'tf32x3''s product (three TF32 products of split operands, emulated here) is as
-    accurate as a float32 product; one TF32 product of the same operands is not."""
-    from mmsoft.models.attention.newton import _split_bmm, _split_tf32
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(4, 96, 96, generator=g) for _ in range(2))
-    exact = a.double() @ b.double()
-    split = _split_bmm(_split_tf32(a, True), _split_tf32(b, True))
-    assert relative_deviation(split, exact) < 4 * relative_deviation(a @ b, exact)
-    assert relative_deviation(round_tf32(a) @ round_tf32(b), exact) > 1e-4
-
-
 def test_padding_keeps_every_iterate():
     """The iterations on A zero-padded to an aligned size (the plans' ``pinv_pad``) give
     the same iterate, formed, thin and in TF32 (float64: differences are rounding)."""
     A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
     Z = torch.randn(2, 30, 5, dtype=torch.float64)
     for kwargs in (dict(method='iterative'), dict(method='iterative', thin_steps=20),
-                   dict(method='tf32', thin_steps=8), dict(method='tf32x3')):
+                   dict(method='tf32', thin_steps=8)):
         ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
         out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
         assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
@@ -735,8 +625,7 @@ def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
     by one at every size. With gradients where that costs less than forming them (large
     kernels; else formed, backward applying the saved iterate): then with fewer m×m
     products still where Horner's rule on the steps' sum costs less, recomputed in
-    backward, the iterate never formed; with ``thin_horner='always'`` so in inference
-    too."""
+    backward, the iterate never formed."""
     b, m = shape
     A = gaussian_kernel_matrix(m, batch=(b, ), scale=0.3)
     Z = torch.randn(b, m, 8, dtype=torch.float64)
@@ -759,19 +648,11 @@ def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
     W = W[0]
     assert relative_deviation(W.detach(), ref.detach()) < 1e-12
     backward = _mm_products(lambda: W.backward(grad))
-    with torch.no_grad():
-        horner = newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps,
-                                   thin_horner='always', **kwargs)
-        inference = _mm_products(lambda: newton_pinv_apply(
-            A, Z, nonnegative=True, thin_steps=steps, thin_horner='always', **kwargs))
-    assert relative_deviation(horner, ref) < 1e-12
     if m == 500:  # X_0 and X_1 for the 4 steps, 1 + 7 thin products, both again backward
         assert (formed[0] - training[0], training[1] - formed[1]) == (2 * steps - 2, 1 + 7)
         assert backward[0] == 2
-        assert inference == training  # thin_horner='always': so in inference too
     else:  # formed, as the iterate saved for backward
         assert training == formed and backward[0] == 0
-        assert inference == counted  # one by one, the fewest launches
     assert relative_deviation(A_thin.grad, A_ref.grad) < 1e-12
     assert relative_deviation(Z_thin.grad, Z_ref.grad) < 1e-12
 
@@ -793,13 +674,13 @@ def test_thin_steps_take_the_fewest_flops_or_launches():
 
 
 @pytest.mark.parametrize('kwargs', [
-    dict(method='spectral', thin_steps=1), dict(method='tf32x3', thin_steps=1),
+    dict(method='spectral', thin_steps=1),
     dict(method='tf32', tf32_float32_steps=(1, 4), thin_steps=5),
     dict(method='iterative', iters=3, thin_steps=4), dict(method='iterative', thin_steps=-1),
 ])
 def test_thin_steps_are_float32_steps_that_exist(kwargs):
     """Only the float32 steps that end the iteration can be applied thin: 'spectral' has
-    no steps, 'tf32x3''s are split products, 'tf32''s middle ones TF32."""
+    no steps, 'tf32''s middle ones are TF32."""
     A = gaussian_kernel_matrix(8, batch=(1, ), scale=0.3)
     with pytest.raises(ValueError, match='thin_steps'):
         newton_pinv_apply(A, torch.ones(1, 8, 2, dtype=torch.float64), nonnegative=True,
@@ -822,7 +703,8 @@ def test_thin_steps_apply_the_iterate_before_their_factors(m):
     """The thin steps apply V to Z first, then their factors in X'_0 = V·A (A⁺ =
     V·poly(A·V) = poly(V·A)·V by associativity): the factors' rounding is not amplified
     by V afterwards. On a singular kernel (duplicated landmarks) with Z 99 % in its null
-    space, CUDA's schedule with the last 4 steps thin, in inference, stays within 2× of
+    space, CUDA's schedule with the last 4 steps thin (by Horner's rule where that costs
+    less, as training applies them: ``newton._NewtonPinvThin``), stays within 2× of
     the formed schedule's deviation from the float64 iterate (TF32 emulated; measured
     with torch 2.14 / 2.1: 0.93× / 1.17× at m = 64 one by one, 1.08× / 1.58× at
     m = 1024 with the last 3 by Horner's rule). V applied last, the same steps deviated
@@ -836,10 +718,13 @@ def test_thin_steps_apply_the_iterate_before_their_factors(m):
     Z = (0.01 * Z / Z.norm() + 0.99 * Z_null / Z_null.norm()).float()
     A = A64.float()
     ref = float64_iterate(A) @ Z.double()
+    from mmsoft.models.attention.newton import _NewtonPinvThin, check_pinv_options
     kwargs = dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32, nonnegative=True)
     formed = relative_deviation(newton_pinv_apply(A, Z, **kwargs), ref)
-    thin = relative_deviation(newton_pinv_apply(A, Z, thin_steps=4, thin_horner='always',
-                                                **kwargs), ref)
+    options = check_pinv_options((1, 4), 32)
+    with torch.no_grad():
+        thin = _NewtonPinvThin.apply(A, Z, 20, 'tf32', True, options, 4, True)
+    thin = relative_deviation(thin, ref)
     assert thin <= 2 * formed, (thin, formed)
 
 
@@ -858,103 +743,3 @@ def test_newton_of_the_identity_is_zero():
     A = gaussian_kernel(x, x)
     rel = (newton_pinv(A) - torch.linalg.inv(A)).norm() / torch.linalg.inv(A).norm()
     assert rel > 0.1
-
-
-# The tridiagonal application ('spectral' without gradients, ``spectral_inference``)
-# ------------------------------------------------------------------------------------
-def test_the_resolvent_sum_is_the_filter_on_every_eigenvalue():
-    """2·Re Σ w_k / (z_k + x) against φ(x) = (1 - e^(-x)) / x from 0 to where φ is 1/x to
-    rounding: within 1e-8 relative at 18 nodes (5.7e-9 measured), and fewer nodes are
-    worse (the sum converges, it is not exact by construction)."""
-    from mmsoft.models.attention.newton import resolvent_quadrature
-    x = torch.cat([torch.zeros(1, dtype=torch.float64),
-                   torch.logspace(-12, 12, 4001, dtype=torch.float64)])
-    phi = torch.where(x == 0, torch.ones_like(x),
-                      -torch.expm1(-x) / torch.where(x == 0, torch.ones_like(x), x))
-
-    def error(nodes):
-        z, w = resolvent_quadrature(nodes)
-        return ((2 * (w / (z + x[:, None])).sum(-1).real - phi).abs() / phi).max().item()
-
-    assert error(18) < 1e-8
-    assert error(12) > 100 * error(18)
-
-
-@pytest.mark.parametrize('iters', [20, 24])
-def test_tridiagonal_application_is_the_iterate_in_float64_terms(iters):
-    """On a well-conditioned float32 kernel (m = 100) it is the float64 iterate to within
-    the float32 tridiagonalization's rounding (the filter's own approximation is 2.6e-7
-    at T = 20: 0.27·2^-T): measured 5.6e-7 (T = 20) and 1.1e-6 (T = 24), eigh 1.0e-6 and
-    2.5e-6; the eigh path on the same kernel is checked alongside so that the tolerance
-    is not the method's own, and the two differ, so the tridiagonal path ran (this kernel
-    is not one it leaves to eigh)."""
-    pytest.importorskip('scipy')
-    torch.manual_seed(0)
-    landmarks = torch.randn(100, 16, dtype=torch.float64) * 0.35
-    A = gaussian_kernel(landmarks, landmarks)
-    Z = torch.randn(100, 8, dtype=torch.float64)
-    ref = float64_iterate(A.float(), iters) @ Z
-    with torch.no_grad():
-        tri = newton_pinv_apply(A.float(), Z.float(), iters, 'spectral', True,
-                                eigh_dtype='mixed', spectral_inference='tridiagonal')
-        eigh = newton_pinv_apply(A.float(), Z.float(), iters, 'spectral', True,
-                                 eigh_dtype='mixed')
-    assert not torch.equal(tri, eigh)
-    assert relative_deviation(tri, ref) < 3e-5
-    assert relative_deviation(tri, eigh) < 1e-4
-
-
-def test_tridiagonal_application_trains_through_eigh():
-    """With gradients 'tridiagonal' changes nothing: the same gradients as 'eigh'."""
-    pytest.importorskip('scipy')
-    torch.manual_seed(0)
-    landmarks = torch.randn(64, 16) * 0.35
-    Z = torch.randn(64, 8)
-    grads = []
-    for how in ('eigh', 'tridiagonal'):
-        A = gaussian_kernel(landmarks, landmarks).requires_grad_()
-        newton_pinv_apply(A, Z, 20, 'spectral', True, eigh_dtype='mixed',
-                          spectral_inference=how).sum().backward()
-        grads.append(A.grad)
-    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
-
-
-def test_tridiagonal_application_runs_lapack_on_the_calling_thread(monkeypatch):
-    """OpenBLAS runs SciPy's ``ssytrd`` with one thread (its workers would spin beside
-    torch's threads after each call) and has its own thread count back afterwards.
-    Every OpenBLAS whose threads can be set is limited (old copies bundled with other
-    wheels, such as opencv's, report a fixed count)."""
-    pytest.importorskip('scipy')
-    threadpoolctl = pytest.importorskip('threadpoolctl')
-    from scipy.linalg import lapack
-
-    def openblas_threads():
-        return {lib['filepath']: lib['num_threads'] for lib in threadpoolctl.threadpool_info()
-                if lib['internal_api'] == 'openblas'}
-
-    if not openblas_threads():
-        pytest.skip("SciPy's LAPACK is not OpenBLAS here")
-    seen, ssytrd = [], lapack.ssytrd
-
-    def spy(*args, **kwargs):
-        seen.append(openblas_threads())
-        return ssytrd(*args, **kwargs)
-
-    monkeypatch.setattr(lapack, 'ssytrd', spy)
-    torch.manual_seed(0)
-    A = gaussian_kernel(*[torch.randn(64, 16) * 0.35] * 2)
-    with threadpoolctl.threadpool_limits(2, user_api='blas'), torch.no_grad():
-        before = openblas_threads()
-        newton_pinv_apply(A, torch.randn(64, 8), 20, 'spectral', True, eigh_dtype='mixed',
-                          spectral_inference='tridiagonal')
-        after = openblas_threads()
-    two = [path for path, threads in before.items() if threads == 2]
-    assert two and after == before
-    assert seen and all(threads[path] == 1 for threads in seen for path in two)
-
-
-def test_spectral_inference_is_checked():
-    with pytest.raises(ValueError, match='spectral_inference must be one of'):
-        newton_pinv_apply(torch.eye(4), torch.ones(4, 1), spectral_inference='lanczos')
-    with pytest.raises(ValueError, match='spectral_inference must be one of'):
-        attention.AttentionPlan(spectral_inference='lanczos')
