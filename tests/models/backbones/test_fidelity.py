@@ -5,14 +5,13 @@ the official order (``mmsoft.testing.fidelity``; docs/en/notes/numerics.md).
 At 384×640 every landmark kernel of stages 1-3 has m = 12·20 = 240 landmarks: above the
 CPU's switch to 'spectral' (128) and CUDA's to 'tf32' (196), so each plan runs the path
 it runs at detection sizes. CUDA's plan runs here on the CPU with its TF32 products
-emulated (``truncate_tf32``: operands cut to TF32, more error than the rounding to
-nearest measured on an H200's tensor cores).
+emulated (``round_tf32``: operands rounded to TF32 to nearest, as an H200's tensor cores
+were measured to round).
 Random weights (seed 0); tools/analysis_tools/fidelity.py measures the same at any size
 and on a GPU. The training step's gradients are swept over photos, crops, landmark
 counts and two seeds (``GRADIENT_CASES``), each compared along the float32 step's own
 branches at ReLU inputs within rounding of 0 (``mmsoft.testing.gradient_deviations``).
 """
-import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -26,31 +25,15 @@ from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, fidelity_image,
 
 SIZE = (384, 640)
 M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
-# Each device type's plan, CUDA's plan with the float32 iterate (its plan before TF32),
-# with its float32 products as three TF32 products of split operands, with its
-# products on fp16 tensor cores (TF32 ones as fp16, float32 ones as three fp16 products)
-# and with its first float32 step only where a kernel may sit near the step size's
-# boundary (none of these images' kernels: TF32 instead; candidates), all run here on
-# the CPU.
+# Each device type's plan, and CUDA's list with its float32 iterate alone (the variant
+# its plan takes up to 196 landmarks, and for float64 kernels), all run here on the CPU.
+# CUDA's plan applies its last float32 steps to the thin matrix (``thin_steps``): its
+# maps are that path; at this size (m = 240, below a launch's worth of flops per
+# product) its training step forms them, as at 512×512 (larger kernels run them thin in
+# training too: the sweep below forces them; tests/models/attention/test_attention.py).
 PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
          'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
-                                          thin_steps=0),
-         'cuda, float32 products split': replace(PLANS['cuda'], float32_products='tf32x3'),
-         'cuda, products on fp16 tensor cores': replace(
-             PLANS['cuda'], tf32_products='fp16', float32_products='fp16x3'),
-         'cuda, first float32 step guarded': replace(PLANS['cuda'],
-                                                     tf32_first_steps='guarded')}
-# and for the maps the CPU's plan on larger kernels, forced here: their tridiagonal form
-# where SciPy is installed (this size's kernels take eigenvectors, as they do with
-# gradients and without SciPy at every size). CUDA's plan applies its last float32 steps
-# to the thin matrix (``thin_steps``): its maps are that path; at this size (m = 256,
-# below a launch's worth of flops per product) its training step forms them, as at
-# 512×512 (larger kernels run them thin in training too:
-# tests/models/attention/test_attention.py, docs/en/notes/numerics.md).
-MAP_PATHS = dict(PATHS)
-if importlib.util.find_spec('scipy'):
-    MAP_PATHS['cpu, tridiagonal form'] = replace(PLANS['cpu'],
-                                                 spectral_inference='tridiagonal')
+                                          thin_steps=0)}
 
 
 @pytest.fixture(scope='module')
@@ -81,21 +64,15 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
 # file's models and images (all on the cat photo): the CPU's plan 6.1e-6, CUDA's ('tf32'
 # 1 + 15 + 4, emulated) 6.4e-6, CUDA's with the float32 iterate 6.6e-6 (the floor is
 # 1e-5: ≥ 1.5× margin); 20 TF32 steps 1.1e-4 on the text page. CUDA's with its last
-# float32 steps thin 7.2e-6 (2 threads, AVX2, where CUDA's formed was 6.6e-6). The CPU's
-# plan with the tridiagonal application (its way above 448 landmarks) 6.6e-6, with
-# eigenvectors (its way at this size's 240) 6.1e-6 (AVX2;
-# `tools/analysis_tools/fidelity.py --size 384x640 --paths spectral-mixed
-# spectral-tridiagonal`). On CUDA
+# float32 steps thin 7.2e-6 (2 threads, AVX2, where CUDA's formed was 6.6e-6). On CUDA
 # itself at 384×640 CUDA's plan is within 4.0e-6; at 640×640 and 800×1344:
-# docs/en/notes/numerics.md. CUDA's plan with its float32 products split (emulated):
-# 2.1e-6 where CUDA's plan was 2.4e-6 (`fidelity.py --size 384x640 --paths cuda
-# cuda+tf32x3`, AVX-512; that tool's weights and images differ from this file's).
-@pytest.mark.parametrize('path', MAP_PATHS)
+# docs/en/notes/numerics.md.
+@pytest.mark.parametrize('path', PATHS)
 def test_output_maps_keep_the_floor(model, references, path):
     """Each map within 1e-5 of float64, or within twice the float32 official order's
     deviation where float32 itself misses 1e-5 (``output_bounds``)."""
     for name, (x, refs, bounds) in references.items():
-        devs = output_deviations(model, x, refs, MAP_PATHS[path], device_type='cpu')
+        devs = output_deviations(model, x, refs, PATHS[path], device_type='cpu')
         assert all(d <= b for d, b in zip(devs, bounds)), (path, name, devs, bounds)
 
 
@@ -199,13 +176,11 @@ def photo_gradients(model):
     return x, reference_gradients(model, x)
 
 
-# CUDA's plan with the float32 iterate, with its float32 products split, on fp16 tensor
-# cores and with its first float32 step guarded (the candidates; the plans themselves:
-# the sweep above), at 384×640 (m = 240). Worst parameter: with the float32 iterate 6.4e-6
-# (CUDA's plan 7.7e-6; the floor is 1e-4: ≥ 13× margin); with its float32 products
-# split, 4.1e-6 where CUDA's was 3.5e-6 (fidelity.py, astronaut, its own weights).
+# CUDA's list with the float32 iterate alone (the plans themselves: the sweep above), at
+# 384×640 (m = 240). Worst parameter 6.4e-6 (CUDA's plan 7.7e-6; the floor is 1e-4:
+# ≥ 13× margin).
 @pytest.mark.parametrize('path', [p for p in PATHS if p not in PLAN_PATHS])
-def test_candidate_training_gradients_keep_the_floor(model, photo_gradients, path):
+def test_other_variants_training_gradients_keep_the_floor(model, photo_gradients, path):
     """One training step's gradients on a natural photo, BatchNorm in eval mode: every
     parameter's gradient within 1e-4 (norm-relative) of the float64 official order."""
     x, refs = photo_gradients

@@ -93,7 +93,7 @@ def test_flat_image_is_finite(backbones, name):
             assert all(torch.isfinite(o).all() for o in outs)
 
 
-@pytest.mark.parametrize('pinv_method', ['iterative', 'spectral', 'tf32', 'tf32x3'])
+@pytest.mark.parametrize('pinv_method', ['iterative', 'spectral', 'tf32'])
 def test_equal_landmarks_singular_kernel(monkeypatch, pinv_method):
     """All m landmarks of a head equal: A = κ(Q̃, Q̃) is the all-ones matrix, rank 1.
     The Newton iterate converges to its Moore–Penrose inverse 11ᵀ/m² (paper Alg. 2: the zero

@@ -39,7 +39,7 @@ def max_parity_error(expected, grad=False, **kwargs):
     return max(rel_err(out, expected[name]) for out, name in zip(outs, STAGES))
 
 
-@pytest.mark.parametrize('pinv_method', ['auto', 'iterative', 'spectral', 'tf32', 'tf32x3'])
+@pytest.mark.parametrize('pinv_method', ['auto', 'iterative', 'spectral', 'tf32'])
 def test_parity_with_official_checkpoint(expected, pinv_method):
     """Inference (the iterate applied without forming it) and a forward with gradients
     (memory-lean kernel products, the iterate formed for backward) both match."""
