@@ -1,11 +1,14 @@
 """What every benchmark section shares: the models by name (``build``, ``SOFT_MODES``), one
 timed measurement (``measure``), the same measurement in a fresh process for peak memory
-(``child_measure`` starts ``child``), and the formatting of sizes and times.
+(``child_measure`` starts ``child``), the modules the tools' ``--import`` names
+(``import_modules``), and the formatting of sizes and times.
 
 Paths the sections read (the parity fixture in tests/data/, the detector configs) are
 resolved against the checkout mmsoft is imported from (``repo_file``).
 """
+import importlib
 import json
+import os
 import os.path as osp
 import re
 import subprocess
@@ -41,25 +44,50 @@ def repo_file(relpath, mim=False):
         'of the mmsoft repository (an editable install or mmsoft on PYTHONPATH)')
 
 
+# ---------------------------------------------------------------------------- imports
+# The modules ``import_modules`` imported, and the directories it put on sys.path for
+# them: a child process (``child_measure``) imports the same
+IMPORTED = []
+IMPORT_PATHS = []
+
+
+def import_modules(names):
+    """Import each module of ``names`` before anything runs, as mmengine's
+    ``custom_imports`` (the tools' ``--import``): a package outside mmsoft registers its
+    variants, kernel products and benchmark sections so, e.g. ``projects.soft_lab``.
+
+    ``python tools/...`` puts the script's directory on sys.path, not the working
+    directory: a module of a checkout's ``projects/`` that is not found is looked for
+    once more in the working directory (the repository root the tools run from)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            parts, here = name.split('.'), os.getcwd()
+            missing = {'.'.join(parts[:i + 1]) for i in range(len(parts))}
+            if (parts[0] != 'projects' or e.name not in missing or here in sys.path
+                    or not osp.isdir(osp.join(here, 'projects'))):
+                raise  # not a module of projects/ (or one it imports is missing)
+            sys.path.append(here)
+            IMPORT_PATHS.append(here)
+            importlib.invalidate_caches()
+            importlib.import_module(name)
+        if name not in IMPORTED:
+            IMPORTED.append(name)
+
+
 # ----------------------------------------------------------------------------- models
 SOFT_MODES = {
     # name: (SOFT kwargs, plan choices forced while it runs, description)
     'official order': (dict(pinv_method='iterative'), dict(order='official'),
                        'reference algorithm, official cost'),
     'iterative': (dict(pinv_method='iterative'), None, '20 iterations, P once, P·(Â·(PᵀV))'),
-    'spectral': (dict(pinv_method='spectral'), dict(eigh_dtype='float64'),
-                 'same 20-step iterate via a float64 eigendecomposition'),
-    'spectral, float32 eigh': (dict(pinv_method='spectral'), dict(eigh_dtype='float32'),
-                               'the same via a float32 eigendecomposition'),
-    'spectral, mixed eigh': (dict(pinv_method='spectral'), dict(eigh_dtype='mixed'),
-                             'the same via float32 eigendecompositions, float64 where '
-                             'float32 is not accurate enough'),
+    'spectral': (dict(pinv_method='spectral'), None,
+                 'same 20-step iterate via one eigendecomposition (float32 where a bound '
+                 'allows it, else float64)'),
     'tf32': (dict(pinv_method='tf32'), None,
              "same iterate, TF32 products between the plan's float32 steps (emulated off "
              'CUDA)'),
-    'tf32x3': (dict(pinv_method='tf32x3'), None,
-               'same iterate, each product from 3 TF32 products of split operands (emulated '
-               'off CUDA)'),
     'auto': (dict(pinv_method='auto'), None, "default: per device and m (the plan's pinv)"),
     'regularized': (dict(pinv_method='regularized'), None,
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
@@ -72,10 +100,10 @@ SOFT_MODES = {
                              'at most 16×16 landmarks, replayed from CUDA graphs (CUDA '
                              'only)'),
 }
-# Modes timed on CUDA only: emulated elsewhere ('tf32', 'tf32x3'), or eager there (the
-# CUDA-graph modes: the same as 'auto' and 'grid16').
+# Modes timed on CUDA only: emulated elsewhere ('tf32'), or eager there (the CUDA-graph
+# modes: the same as 'auto' and 'grid16').
 GRAPH_MODES = ('cuda graphs', 'grid16 + cuda graphs')
-CUDA_ONLY_MODES = ('tf32', 'tf32x3') + GRAPH_MODES
+CUDA_ONLY_MODES = ('tf32', ) + GRAPH_MODES
 
 
 def mode_plan(mode):
@@ -111,16 +139,6 @@ def build(name, mode='auto'):
     raise KeyError(name)
 
 
-# What a path's ``+modifier`` changes in its plan (``path_plan``)
-PATH_MODIFIERS = {'fused': dict(kernel_products='fused'),
-                  'triton_chunks': dict(kernel_products='triton_chunks'),
-                  'tf32x3': dict(float32_products='tf32x3'),
-                  'fp16x3': dict(float32_products='fp16x3'),
-                  'fp16': dict(tf32_products='fp16'),
-                  'guarded': dict(tf32_first_steps='guarded'),
-                  'horner': dict(thin_horner='always')}
-
-
 def path_plan(name, device):
     """The ``AttentionPlan`` a path name stands for, run on ``device`` (the paths of
     tools/analysis_tools/fidelity.py and of the benchmark's ``--soft-plans``):
@@ -129,43 +147,25 @@ def path_plan(name, device):
       cpu, cuda               a device type's plan (CUDA's on the CPU: TF32 emulated)
       official                the official computation order
       iterative               the formed float32 iterate
-      spectral64, spectral32  one eigendecomposition in float64 / float32
-      spectral-mixed          float32 where a first-order bound allows it, else float64
-                              (eigenvectors also without gradients)
-      spectral-tridiagonal    'spectral-mixed' applied without gradients through the
-                              kernel's tridiagonal form (needs SciPy)
+      spectral                one eigendecomposition (float32 where a first-order bound
+                              allows it, else float64)
       tf32-F-L[-padN][-thinK] TF32 products between F float32 steps first and L last,
-                              with m zero-padded to a multiple of N; without gradients
-                              the last K float32 steps applied to the thin matrix
-      tf32x3                  three TF32 products of split operands per product
-      fused                   the plan of ``device``'s type with P's products in fused
-                              Triton kernels (``kernel_products='fused'``; CUDA, or
-                              Triton's interpreter)
+                              with m zero-padded to a multiple of N; the last K float32
+                              steps applied to the thin matrix
 
-    and any of them followed by modifiers (``PATH_MODIFIERS``), e.g. ``default+tf32x3``:
+    each followed by modifiers ``+X``, X a registered name, e.g. ``cuda+tf32-guarded``
+    or ``default+triton_chunks``:
 
-      +fused                  P's products in the fused Triton kernels
-      +triton_chunks          P's chunks (and G) written by one Triton kernel each, the
-                              products the library's
-                              (``kernel_products='triton_chunks'``)
-      +tf32x3                 the iterate's float32 m×m products as three TF32 products
-                              of split operands (``float32_products='tf32x3'``: one
-                              Triton kernel each on CUDA, emulated elsewhere)
-      +fp16x3                 the same as three fp16 products of split operands scaled by
-                              powers of two (``float32_products='fp16x3'``: on CUDA
-                              cuBLAS's with torch 2.8 on, else the Triton kernel's;
-                              emulated elsewhere; the fused kernels' products with P
-                              split as +tf32x3)
-      +fp16                   'tf32''s TF32 products from fp16 tensor cores, operands
-                              scaled by powers of two (``tf32_products='fp16'``: made
-                              as +fp16x3's on CUDA, emulated elsewhere)
-      +guarded                'tf32''s first float32 steps only for a batch of kernels
-                              that may sit near the step size's boundary, else TF32
-                              steps (``tf32_first_steps='guarded'``)
-      +horner                 in inference too, the thin steps as one sum by Horner's
-                              rule where that costs less (``thin_horner='always'``)
+      +VARIANT                an inverse variant (``VARIANTS``) in place of every
+                              'tf32' of the plan's ``pinv`` (a plan without one, as
+                              the CPU's, is an error)
+      +PRODUCTS               kernel products (``KERNEL_PRODUCTS``) tried before the
+                              plan's ``kernel_products``
+
+    A package outside mmsoft registers its candidates when it is imported (the tools'
+    ``--import``, ``import_modules``).
     """
-    from mmsoft.models.attention import PLANS, plan_for
+    from mmsoft.models.attention import KERNEL_PRODUCTS, PLANS, VARIANTS, plan_for
     base = plan_for(torch.device(device).type)
     fixed = {
         'default': base,
@@ -173,35 +173,33 @@ def path_plan(name, device):
         'cuda': PLANS['cuda'],
         'official': replace(base, order='official'),
         'iterative': replace(base, pinv='iterative', thin_steps=0),
-        'spectral64': replace(base, pinv='spectral', eigh_dtype='float64',
-                              spectral_inference='eigh'),
-        'spectral32': replace(base, pinv='spectral', eigh_dtype='float32',
-                              spectral_inference='eigh'),
-        'spectral-mixed': replace(base, pinv='spectral', eigh_dtype='mixed',
-                                  spectral_inference='eigh'),
-        'spectral-tridiagonal': replace(base, pinv='spectral', eigh_dtype='mixed',
-                                        spectral_inference='tridiagonal'),
-        'tf32x3': replace(base, pinv='tf32x3'),
+        'spectral': replace(base, pinv='spectral'),
     }
+    full = name
     name, *modifiers = name.split('+')
-    unknown = [m for m in modifiers if m not in PATH_MODIFIERS]
-    if unknown:
-        raise ValueError(f'unknown path modifier {unknown[0]!r}: one of '
-                         f'{sorted(PATH_MODIFIERS)}')
     if name in fixed:
         plan = fixed[name]
-    elif name == 'fused':  # not in ``fixed``: the plan checks that Triton is installed
-        plan = replace(base, **PATH_MODIFIERS['fused'])
     else:
         match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
         if match is None:
-            raise ValueError(f'unknown path {name!r}: one of {sorted(fixed) + ["fused"]} or '
+            raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or '
                              'tf32-F-L[-padN][-thinK], then +modifiers')
         first, last, pad, thin = match.groups()
         plan = replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
                        pinv_pad=int(pad or 1), thin_steps=int(thin or 0))
     for modifier in modifiers:
-        plan = replace(plan, **PATH_MODIFIERS[modifier])
+        if modifier in VARIANTS:
+            if not any(variant == 'tf32' for _, variant in plan.pinv):
+                raise ValueError(f"path {full!r}: +{modifier} replaces the plan's 'tf32', "
+                                 f'and {name!r} on {device} lists none (pinv={plan.pinv})')
+            plan = replace(plan, pinv=tuple((m, modifier if v == 'tf32' else v)
+                                            for m, v in plan.pinv))
+        elif modifier in KERNEL_PRODUCTS:
+            plan = replace(plan, kernel_products=(modifier, ) + plan.kernel_products)
+        else:
+            raise ValueError(f'unknown path modifier {modifier!r} in {full!r}: an inverse '
+                             f'variant ({", ".join(VARIANTS)}) or kernel products '
+                             f'({", ".join(KERNEL_PRODUCTS)}), as registered')
     return plan
 
 
@@ -330,19 +328,24 @@ def time_call(args, fn, runs=3, warmup=True):
 
 # ------------------------------------------------------- a measurement in its own process
 def child_measure(name, mode, size, device, repeat, train=False, batch=1):
-    """Run one measurement in a fresh process (``child``): time and peak memory of the
-    step.
+    """Run one measurement in a fresh process (``child``), which imports the modules this
+    one imported by ``import_modules`` first: time and peak memory of the step.
 
     A crashed child (out of memory, say) is reported with the end of its stderr and
     returns None, so a table shows 'failed' rather than a silent gap."""
-    code = ('import json;from mmsoft.benchmark.common import child;'
-            'print(json.dumps(child(%r,%r,%r,%r,%d,%r,%d)))' % (
-                name, mode, size, device, repeat, train, batch))
+    code = ('import json;from mmsoft.benchmark.common import child, import_modules;'
+            'import_modules(%r);print(json.dumps(child(%r,%r,%r,%r,%d,%r,%d)))' % (
+                IMPORTED, name, mode, size, device, repeat, train, batch))
     # ``python -c`` imports from its working directory first: run in the directory that
     # holds this mmsoft, so that the child measures the same code (also where mmsoft is
-    # only on a relative PYTHONPATH, as on a lent GPU machine)
+    # only on a relative PYTHONPATH, as on a lent GPU machine); the modules of --import
+    # from where this process found them
+    env = None
+    if IMPORT_PATHS:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            IMPORT_PATHS + [p for p in [os.environ.get('PYTHONPATH')] if p]))
     res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                         cwd=PACKAGE_PARENT)
+                         cwd=PACKAGE_PARENT, env=env)
     if res.returncode != 0:
         print(f'  {name} [{mode}] at {size} failed (exit {res.returncode}):\n'
               + res.stderr[-2000:], flush=True)

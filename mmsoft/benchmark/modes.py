@@ -4,9 +4,8 @@ on the parity fixture input and on a real photo (scikit-image's astronaut), and 
 outputs the official code produced for the fixture (tests/data/).
 
 'official order' runs SOFT's attention in the official computation order (the plan's
-``order='official'``); the exact methods ('iterative', 'spectral', 'tf32', 'tf32x3',
-'auto': what the plan's ``pinv`` picks), with the plan choices a mode forces
-(``SOFT_MODES``: the eigendecomposition's dtype), compute the same iterate.
+``order='official'``); the exact methods ('iterative', 'spectral', 'tf32', 'auto': what
+the plan's ``pinv`` picks) compute the same iterate.
 """
 import torch
 

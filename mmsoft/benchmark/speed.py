@@ -117,7 +117,7 @@ def section_train(args, out):
     for size in args.sizes:
         hw = parse_size(size)
         modes = (('auto', ) if getattr(args, 'models', None) else
-                 ('auto', 'tf32', 'tf32x3', 'regularized', 'grid16')) + GRAPH_MODES
+                 ('auto', 'tf32', 'regularized', 'grid16')) + GRAPH_MODES
         for mode in soft_modes(args, modes):
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,

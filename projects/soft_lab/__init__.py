@@ -3,6 +3,11 @@ a measurement on their hardware decides them (README.md). Importing this package
 registers them with mmsoft's dispatch (``variants.register``); mmsoft never imports it.
 
     custom_imports = dict(imports=['mmsoft', 'projects.soft_lab'], allow_failed_imports=False)
+
+The measurements that decide them are the lab's too, not imported here:
+``benchmark.py`` (the benchmark's plan sections, which
+``tools/analysis_tools/benchmark.py --import projects.soft_lab`` imports) and
+``device_report.py`` (the GPU machine's one command).
 """
 from .variants import (FIRST_STEP_BOUND, FP16_PRODUCTS, Fp16Products, Fp16TF32, GuardedTF32,
                        HornerTF32, TritonChunks, first_steps_needed, register,

@@ -1,24 +1,28 @@
-"""The measurements behind SOFT's per-device plan (``AttentionPlan`` in
-mmsoft/models/attention/plan.py), one section per field:
+"""The lab's benchmark sections: the measurements behind SOFT's per-device plan
+(``AttentionPlan`` in mmsoft/models/attention/plan.py), one section per field, and the
+candidates' share of them. Importing this module adds them to ``mmsoft.benchmark.SECTIONS``
+ahead of the library's (``register``); tools/analysis_tools/benchmark.py imports it with
+``--import projects.soft_lab``:
 
   pinv    the batched 20-step pseudo-inverse alone, by landmark count m, by method (the
           formed iterate, A⁺·Z as inference computes it and with its backward as
-          training does, the thin application, eigh in float64 and float32, on CUDA
-          the TF32 schedules), also on A zero-padded to aligned sizes: decides
-          ``pinv``, ``eigh_dtype``, ``tf32_float32_steps``, ``pinv_pad`` and
-          ``thin_steps``
-  matmul  the rate of one m×m product in float32, TF32 and split TF32: whether TF32
-          reaches the tensor cores; and of the iterate's products on fp16 tensor
-          cores, each way (``iterate_matmul.GEMMS``), alone and in Newton steps; which
-          call of a TF32 or float32 product (the step's or the product alone, cuBLAS
-          or cuBLASLt, TunableOp) and which padded m run a landmark kernel fastest:
+          training does, the thin application, 'spectral', on CUDA the TF32 schedules),
+          also on A zero-padded to aligned sizes: decides ``pinv``,
+          ``tf32_float32_steps``, ``pinv_pad`` and ``thin_steps``
+  matmul  the rate of one m×m product in float32 and TF32: whether TF32 reaches the
+          tensor cores; on CUDA with torch 2.8 on, of the products on fp16 tensor cores
+          of 'tf32-fp16' (``fp16_products.py``), alone and in Newton steps; which call of
+          a TF32 or float32 product (the step's or the product alone, cuBLAS or
+          cuBLASLt, TunableOp) and which padded m run a landmark kernel fastest:
           ``pinv_pad`` and how the steps call their products
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
           ``HeadSharedConv``: decides ``local_conv_layout``
   kernel  the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's stages 1-3, P
-          formed once vs in row chunks, with and without backward: decides
-          ``kernel_chunk`` and ``kernel_once_up_to``
+          formed once vs in row chunks, with and without backward, and on CUDA P's
+          chunks from one Triton kernel ('triton_chunks'): decides ``kernel_chunk``,
+          ``kernel_once_up_to`` and ``kernel_products``
 """
+import importlib.util
 import math
 import os
 import tempfile
@@ -28,11 +32,18 @@ from functools import partial
 import numpy as np
 import torch
 
+from mmsoft.benchmark import SECTIONS
+from mmsoft.benchmark.common import build, fmt, parse_size, time_call
 from mmsoft.models.attention import attention_plan, plan_for
 from mmsoft.models.attention.dtypes import new_tf32_flags
-from mmsoft.models.attention.plan import triton_available
 
-from .common import build, fmt, parse_size, time_call
+__all__ = ['LAB_SECTIONS', 'register', 'section_dwconv', 'section_kernel', 'section_matmul',
+           'section_pinv']
+
+
+def _triton():
+    """Whether Triton is installed (the lab's kernels and conversion passes)."""
+    return importlib.util.find_spec('triton') is not None
 
 
 # ------------------------------------------------------------------------------- pinv
@@ -71,10 +82,7 @@ def pinv_columns(args):
         'iterative, training': partial(_pinv_trained, method='iterative'),
         'iterative, last 4 thin, training': partial(_pinv_trained, method='iterative',
                                                     thin_steps=4),
-        'spectral, eigh float64': partial(_pinv_applied, method='spectral',
-                                          eigh_dtype='float64'),
-        'spectral, eigh float32': partial(_pinv_applied, method='spectral',
-                                          eigh_dtype='float32'),
+        'spectral': partial(_pinv_applied, method='spectral'),
     }
     if args.device == 'cuda':  # elsewhere TF32 is only emulated
         for first, last in args.tf32_schedules:
@@ -91,7 +99,6 @@ def pinv_columns(args):
                 cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin, '
                      'training'] = partial(_pinv_trained, method='tf32',
                                            tf32_float32_steps=(first, last), thin_steps=last)
-        cols['tf32x3, applied'] = partial(_pinv_applied, method='tf32x3')
     k = args.pinv_pad
     if k > 1:  # the iterations again on sizes padded to a multiple of k
         for name in [c for c in cols if not c.startswith('spectral')]:
@@ -120,7 +127,8 @@ def section_pinv(args, out):
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
                  "computes it (the formed iterate times Z); 'thin' applies the T steps to "
-                 "Z (T m×m products); 'spectral': one eigendecomposition and A⁺·Z; "
+                 "Z (T m×m products); 'spectral': one eigendecomposition (float32 where "
+                 "a first-order bound allows it, else float64) and A⁺·Z; "
                  "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps; "
                  "'last L thin': those L applied to Z (L m×m products instead of 2L); "
                  "'training': A⁺·Z and its backward (Eq. 16), thin where that costs less "
@@ -133,42 +141,33 @@ def section_pinv(args, out):
 
 
 # ----------------------------------------------------------------------------- matmul
-# the matmul section's columns for ``iterate_matmul``'s precisions
-SPLIT_KERNEL = 'tf32x3 kernel'
-FP16_KERNEL = 'fp16 kernel'
-FP16X3_KERNEL = 'fp16x3 kernel'
+# the matmul section's columns for the fp16 products of 'tf32-fp16' (``fp16_products.py``:
+# cuBLAS's fp16 products of operands converted in a pass of their own): column ->
+# precision ('fp16': TF32's rounding; 'fp16x3': three products of split operands)
 FP16_CUBLAS = 'fp16 cuBLAS'
 FP16X3_CUBLAS = 'fp16x3 cuBLAS'
-# column: (precision, gemm) of ``iterate_matmul.baddbmm``
-KERNEL_PRECISIONS = {SPLIT_KERNEL: ('tf32x3', 'triton'), FP16_KERNEL: ('fp16', 'triton'),
-                     FP16X3_KERNEL: ('fp16x3', 'triton'), FP16_CUBLAS: ('fp16', 'cublas'),
-                     FP16X3_CUBLAS: ('fp16x3', 'cublas')}
-THREE_PRODUCTS = ('tf32x3', SPLIT_KERNEL, FP16X3_KERNEL, FP16X3_CUBLAS)
+FP16_KINDS = {FP16_CUBLAS: 'fp16', FP16X3_CUBLAS: 'fp16x3'}
+THREE_PRODUCTS = (FP16X3_CUBLAS, )
 
 
-def _kernel_kinds():
-    """The columns of ``KERNEL_PRECISIONS`` this torch runs (cuBLAS's way needs torch.bmm's
-    out_dtype, ``iterate_matmul.fp16_gemm``)."""
-    from mmsoft.models.attention.iterate_matmul import fp16_gemm
-    return tuple(k for k, (_, gemm) in KERNEL_PRECISIONS.items()
-                 if gemm == 'triton' or fp16_gemm() == 'cublas')
+def _fp16_kinds(device):
+    """The columns of ``FP16_KINDS`` that run on ``device``: on CUDA, with Triton (the
+    conversion passes) and cuBLAS's fp16 products with float32 results (torch 2.8 on)."""
+    if device != 'cuda' or not _triton():
+        return ()
+    from .fp16_products import cublas_fp16
+    return tuple(FP16_KINDS) if cublas_fp16() else ()
 
 
 def _product(kind, a, b):
-    """One batched product of the iteration's shape, as ``kind`` runs it."""
+    """One batched product of the iteration's shape (2a - a·b), as ``kind`` runs it."""
     from mmsoft.models.attention import newton
     if kind == 'float32':
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
-    if kind == 'tf32x3':
-        with newton._cuda_tf32_matmuls():
-            return newton._split_bmm(newton._split_tf32(a, False), newton._split_tf32(b, False))
-    if kind in KERNEL_PRECISIONS:  # float32_products / tf32_products on CUDA
-        from mmsoft.models.attention.iterate_matmul import amax, baddbmm
-        precision, gemm = KERNEL_PRECISIONS[kind]
-        amaxes = None if precision == 'tf32x3' else (amax(a), amax(b))
-        return baddbmm(a, a, b, beta=2, alpha=-1, precision=precision, amaxes=amaxes,
-                       gemm=gemm)
-    with newton._cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
+    if kind in FP16_KINDS:  # the operands' maxima, conversions and products
+        from .fp16_products import product
+        return product(a, a, b, beta=2, alpha=-1, precision=FP16_KINDS[kind])[0]
+    with newton.cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
 
@@ -188,38 +187,41 @@ def _gpu_kernels(fn):
                    if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA})
 
 
+def _cut_tf32(x):
+    """float32 values cut to TF32 (the 13 low mantissa bits zeroed), still float32."""
+    return (x.contiguous().view(torch.int32) & -0x2000).view(torch.float32)
+
+
 def _tf32_conversion(m, device):
     """{conversion: max |Δ| / max |product|} of one batched TF32 product against the
     float64 product of its operands rounded to nearest (``round_tf32``), cut
-    (``truncate_tf32``) or left as they are."""
+    (``_cut_tf32``) or left as they are."""
     from mmsoft.models.attention import newton
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
-    with newton._cuda_tf32_matmuls():
+    with newton.cuda_tf32_matmuls():
         c = torch.bmm(a, b).double()
     scale = c.abs().max()
     return {name: ((c - torch.bmm(conv(a).double(), conv(b).double())).abs().max()
                    / scale).item()
-            for name, conv in (('rounded', newton.round_tf32), ('cut', newton.truncate_tf32),
+            for name, conv in (('rounded', newton.round_tf32), ('cut', _cut_tf32),
                                ('float32', lambda t: t))}
 
 
 def _kernel_deviations(m, device):
-    """{kernel column: max |Δ| / max |product|} of ``iterate_matmul``'s products of 8 m×m
-    matrices against float64: of the operands themselves ('tf32x3', 'fp16x3': float32's
-    accuracy) or of the operands rounded as 'fp16' rounds them (``round_fp16_scaled``):
+    """{column: max |Δ| / max |product|} of the fp16 products (``_fp16_kinds``) of 8 m×m
+    matrices against float64: of the operands themselves ('fp16x3': float32's accuracy)
+    or of the operands rounded as 'fp16' rounds them (``variants.round_fp16_scaled``):
     what is left is the tensor cores' accumulation, float32's ~1e-6 if it is float32."""
-    from mmsoft.models.attention import newton
-    from mmsoft.models.attention.iterate_matmul import baddbmm
+    from .fp16_products import product
+    from .variants import round_fp16_scaled
     g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
     deviations = {}
-    for kind in _kernel_kinds():
-        precision, gemm = KERNEL_PRECISIONS[kind]
-        out = baddbmm(None, a, b, precision=precision, gemm=gemm)
-        out = out if precision == 'tf32x3' else out[0]
-        x, y = ((newton.round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16'
-                else (a, b))
+    for kind in _fp16_kinds(device):
+        precision = FP16_KINDS[kind]
+        out = product(None, a, b, precision=precision)[0]
+        x, y = ((round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16' else (a, b))
         ref = torch.bmm(x.double(), y.double())
         deviations[kind] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
     return deviations
@@ -230,18 +232,20 @@ STEPS_TIMED = 4
 
 def _step_times(args, m, steps=STEPS_TIMED, runs=3):
     """{column: seconds per Newton step} of ``steps`` steps in a row (the mean of
-    ``runs`` calls) on 20 Gaussian kernels of m landmarks (V₀ = αA), as each precision
-    and way makes them."""
+    ``runs`` calls) on 20 Gaussian kernels of m landmarks (V₀ = αA): the library's
+    float32 and TF32 steps, and where they run the fp16 products' ('tf32-fp16''s TF32
+    steps and float32 steps, ``FP16_PRODUCTS.steps``)."""
     from mmsoft.models.attention import gaussian_kernel, newton
+
+    from .variants import FP16_PRODUCTS
     x = torch.randn(20, m, 32, device=args.device) * 0.3
     A = gaussian_kernel(x, x)
     V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A
     calls = {'float32': partial(newton._newton_steps, A, V, steps),
              'tf32': partial(newton._newton_steps, A, V, steps, 'tf32')}
-    for k in _kernel_kinds():
-        precision, gemm = KERNEL_PRECISIONS[k]
-        if precision != 'tf32x3':
-            calls[k] = partial(newton._newton_steps_fp16, A, V, steps, precision, gemm=gemm)
+    for kind in _fp16_kinds(args.device):  # 'fp16' makes the TF32 steps, 'fp16x3' float32's
+        precision = 'tf32' if FP16_KINDS[kind] == 'fp16' else 'float32'
+        calls[kind] = partial(FP16_PRODUCTS.steps, A, V, steps, precision)
     return {k: time_call(args, fn, runs=runs) / steps for k, fn in calls.items()}
 
 
@@ -343,7 +347,7 @@ def _call_sweep(args, sizes, precision, batches=CALL_BATCHES):
     from mmsoft.models.attention import newton
     calls = _calls(args.device)
     out = {'times': {}, 'deviations': {}, 'kernels': {}, 'tuned': [], 'failed': {}}
-    tf32 = newton._cuda_tf32_matmuls if precision == 'tf32' else nullcontext
+    tf32 = newton.cuda_tf32_matmuls if precision == 'tf32' else nullcontext
     g = torch.Generator(device=args.device).manual_seed(0)
     for m in sizes:
         times = out['times'][m] = {}
@@ -419,15 +423,15 @@ def _call_lines(sweep, precision):
 
 
 def section_matmul(args, out):
-    """The rate of the iteration's m×m products: float32, TF32 and split TF32 ('tf32x3':
-    three library products), and with Triton 3 ``iterate_matmul``'s kernel (split TF32,
-    TF32's rounding from fp16 tensor cores, and split fp16) with its deviations, at
-    aligned and unaligned m (CUDA; on another device only float32). Then the call sweep
-    (``_call_sweep``): one TF32 and one float32 product called each way torch can call
-    it, at SOFT-S's landmark batches, per padded m (on another device float32 only)."""
-    kinds = ('float32', 'tf32', 'tf32x3') if args.device == 'cuda' else ('float32', )
-    if args.device == 'cuda' and triton_available():
-        kinds += _kernel_kinds()
+    """The rate of the iteration's m×m products: float32 and TF32, and where they run
+    (``_fp16_kinds``) the fp16 products of 'tf32-fp16' with their deviations and Newton
+    steps, at aligned and unaligned m (CUDA; on another device only float32). Then the
+    call sweep (``_call_sweep``): one TF32 and one float32 product called each way torch
+    can call it, at SOFT-S's landmark batches, per padded m (on another device float32
+    only)."""
+    from mmsoft.models.attention import newton
+    fp16 = _fp16_kinds(args.device)
+    kinds = ('float32', 'tf32') + fp16 if args.device == 'cuda' else ('float32', )
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -439,8 +443,7 @@ def section_matmul(args, out):
                     f'allow_tf32={mm.allow_tf32}')
 
         setting = flag()
-        from mmsoft.models.attention import newton
-        with newton._cuda_tf32_matmuls():
+        with newton.cuda_tf32_matmuls():
             inside = flag()
         lines.insert(0, f'cuBLAS float32 products: {setting} outside the TF32 steps, '
                      f'{inside} inside them.\n')
@@ -448,12 +451,12 @@ def section_matmul(args, out):
     for m in sizes:
         a = torch.randn(20, m, m, device=args.device) / m**0.5
         b = torch.randn(20, m, m, device=args.device) / m**0.5
-        flops = 2 * 20 * m**3 * 3  # tf32x3: three products; the others: scaled below
+        flops = 2 * 20 * m**3  # one product; three for the split ones
         t = {k: time_call(args, partial(_product, k, a, b)) for k in kinds}
         rows[m] = t
         cells = []
         for k in kinds:
-            f = flops if k in THREE_PRODUCTS else flops / 3
+            f = flops * 3 if k in THREE_PRODUCTS else flops
             cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
         lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
     if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
@@ -465,31 +468,31 @@ def section_matmul(args, out):
                      'one near float32 summation error (~1e-6).\n')
         lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
                   for m, c in conversion.items()]
-        if triton_available():  # the kernel's products against float64
-            kernel = {m: _kernel_deviations(m, args.device) for m in sizes}
-            out['kernel_deviations'] = kernel
-            lines.append("\nThe split and fp16 products against float64 (max |Δ| / max "
-                         "|product|, 8 m×m matrices) of the operands ('tf32x3', 'fp16x3': "
-                         "float32's accuracy) or of the operands rounded as 'fp16' rounds "
-                         "them (round_fp16_scaled): near float32's summation error (~1e-6) "
-                         'where the tensor cores accumulate in float32.\n')
-            lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
-                      for m, c in kernel.items()]
-        if triton_available():  # whole Newton steps, each way
-            steps = {m: _step_times(args, m) for m in sizes}
-            out['newton_steps'] = steps
-            names = list(next(iter(steps.values())))
-            lines += ['', '| m | batch | ' + ' | '.join(f'{k}: ms per step' for k in names)
-                      + ' |', '|---|---|' + '---|' * len(names)]
-            lines += [f'| {m} | 20 | ' + ' | '.join(f'{t * 1e3:.2f}' for t in r.values())
-                      + ' |' for m, r in steps.items()]
-            lines.append(f'\nNewton steps V ← 2V - V·(A·V) on 20 Gaussian kernels of m '
-                         f'landmarks, {STEPS_TIMED} in a row, time per step: the library\'s '
-                         'float32 and TF32 products, and the fp16 ones each way '
-                         "(tf32_products='fp16' and float32_products='fp16x3' steps), "
-                         "cuBLAS's converting A once and V once for both of its products.")
+    if fp16:  # the fp16 products against float64, then whole Newton steps, each way
+        kernel = {m: _kernel_deviations(m, args.device) for m in sizes}
+        out['kernel_deviations'] = kernel
+        lines.append("\nThe fp16 products against float64 (max |Δ| / max |product|, 8 m×m "
+                     "matrices) of the operands ('fp16x3': float32's accuracy) or of the "
+                     "operands rounded as 'fp16' rounds them (round_fp16_scaled): near "
+                     "float32's summation error (~1e-6) where the tensor cores accumulate "
+                     'in float32.\n')
+        lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
+                  for m, c in kernel.items()]
+        steps = {m: _step_times(args, m) for m in sizes}
+        out['newton_steps'] = steps
+        names = list(next(iter(steps.values())))
+        lines += ['', '| m | batch | ' + ' | '.join(f'{k}: ms per step' for k in names)
+                  + ' |', '|---|---|' + '---|' * len(names)]
+        lines += [f'| {m} | 20 | ' + ' | '.join(f'{t * 1e3:.2f}' for t in r.values())
+                  + ' |' for m, r in steps.items()]
+        lines.append(f'\nNewton steps V ← 2V - V·(A·V) on 20 Gaussian kernels of m '
+                     f'landmarks, {STEPS_TIMED} in a row, time per step: the library\'s '
+                     "float32 and TF32 products, and 'tf32-fp16''s (its TF32 steps from "
+                     "'fp16' products, its float32 steps from 'fp16x3' ones), converting A "
+                     'once and V once for both of its products.')
+    if args.device == 'cuda':
         kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32' (or 'f16')
-        traced = ('float32', 'tf32') + tuple(k for k in _kernel_kinds() if k == FP16_CUBLAS)
+        traced = ('float32', 'tf32') + tuple(k for k in fp16 if k == FP16_CUBLAS)
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
             for k in traced:
@@ -500,21 +503,17 @@ def section_matmul(args, out):
                   for name, names in kernels.items()]
     out['matmul'] = rows
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
-                 'm×m matrices; TFLOP/s counts 2m³ per product (×3 for tf32x3, whose '
-                 f'splits are included in its time; {SPLIT_KERNEL}: the same in one Triton '
-                 "kernel, as float32_products='tf32x3' runs the float32 steps; "
-                 f"{FP16_KERNEL}: TF32's rounding from fp16 tensor cores in one Triton "
-                 "kernel, as tf32_products='fp16' runs the TF32 steps; "
-                 f"{FP16X3_KERNEL}: three fp16 products of split operands, as "
-                 "float32_products='fp16x3' runs the float32 steps, ×3 as tf32x3; "
-                 f"{FP16_CUBLAS}, {FP16X3_CUBLAS}: the same products as cuBLAS's fp16 "
+                 'm×m matrices; TFLOP/s counts 2m³ per product. '
+                 f"{FP16_CUBLAS}: TF32's rounding from fp16 tensor cores, as 'tf32-fp16' "
+                 f'runs its TF32 steps; {FP16X3_CUBLAS}: three fp16 products of split '
+                 "operands, as it runs its float32 steps (×3 in TFLOP/s): cuBLAS's fp16 "
                  'products of operands converted in a pass of their own, and a pass that '
-                 "undoes the scales (torch 2.8 on); the fp16 columns' times include two "
-                 "passes for the operands' maxima, which a Newton step takes from the "
-                 'products that made them, and cuBLAS\'s the conversion of both operands, '
-                 'which a Newton step shares between products). TF32 tensor cores '
-                 'should reach several times the float32 rate; if they do not at an '
-                 'aligned m, the TF32 setting does not reach the products that run.')
+                 "undoes the scales (torch 2.8 on); their times include the operands' "
+                 'maxima, which a Newton step takes from the products that made them, and '
+                 'the conversion of both operands, which a Newton step shares between '
+                 'products. TF32 tensor cores should reach several times the float32 '
+                 'rate; if they do not at an aligned m, the TF32 setting does not reach '
+                 'the products that run.')
     # which call of a product, and which padding, runs a landmark kernel fastest
     out['calls'] = {}
     for precision in ('tf32', 'float32') if args.device == 'cuda' else ('float32', ):
@@ -589,31 +588,28 @@ def _kernel_once(q, lm, v, w):
         return P @ w
 
 
-def _kernel_once_triton(q, lm, v, w, split=False):
-    """``_kernel_once`` with P written by the Triton kernel of ``triton_chunks.py``, its
-    logits' product split into TF32 ones where ``split``
+def _kernel_once_triton(q, lm, v, w):
+    """``_kernel_once`` with P written by the Triton kernel of ``triton_chunks.py``
     (``kernel_products='triton_chunks'`` without gradients)."""
-    from mmsoft.models.attention import kernel_features, triton_chunks
+    from mmsoft.models.attention import kernel_features
+
+    from .triton_chunks import kernel
     with torch.no_grad():
         fq = kernel_features(q).flatten(0, -3)
         fl = kernel_features(lm, right=True).flatten(0, -3)
-        P = triton_chunks.kernel(fq, fl, split=split).view(*q.shape[:-1], lm.shape[-2])
+        P = kernel(fq, fl).view(*q.shape[:-1], lm.shape[-2])
         P.transpose(-1, -2) @ v
         return P @ w
 
 
-def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks',
-                    float32_products='float32'):
+def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks'):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), each written by the Triton kernel of
-    ``triton_chunks.py`` (``products='triton_chunks'``), or in the fused kernels
-    (``products='fused'``); the Triton kernels' products split into TF32 ones with
-    ``float32_products='tf32x3'`` (the fused kernels' forward products); with backward if
-    ``train``: then as training runs them, W = κᵀ·V with one G for both products
-    (``kernel_attention``, the middle left out)."""
+    forced for this device type), made by the kernel products ``products`` (the
+    library's 'chunks', or the lab's 'triton_chunks': each chunk written by one Triton
+    kernel); with backward if ``train``: then as training runs them, W = κᵀ·V with one
+    G for both products (``kernel_attention``, the middle left out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
     with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None, kernel_products=products,
-                        float32_products=float32_products,
                         device=torch.device(device).type), torch.set_grad_enabled(train):
         if train:
             kernel_attention(q, lm, v, lambda _, z: z).sum().backward()
@@ -635,11 +631,12 @@ def _kernel_g_each(q, lm, v):
 
 
 def section_kernel(args, out):
-    """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training."""
+    """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training;
+    on CUDA with Triton also P's chunks from one Triton kernel ('triton_chunks')."""
     soft = build('SOFT-S')
-    # the Triton kernels (triton_chunks.py, fused.py) on CUDA; elsewhere they run only in
-    # Triton's interpreter
-    triton = args.device == 'cuda' and triton_available()
+    # the Triton kernel (triton_chunks.py) on CUDA; elsewhere it runs only in Triton's
+    # interpreter
+    triton = args.device == 'cuda' and _triton()
     plan_chunk = plan_for(torch.device(args.device).type).kernel_chunk
     cases = {}  # row name -> {variant: fn}
     for size in args.sizes:
@@ -658,21 +655,10 @@ def section_kernel(args, out):
                 if train:
                     fns['a G each'] = partial(_kernel_g_each, *tensors[:3])
                 if triton and train:
-                    for name, split in (('triton chunks', 'float32'),
-                                        ('triton chunks, split', 'tf32x3')):
-                        fns[name] = partial(_kernel_chunked, args.device, plan_chunk, train,
-                                            *tensors, products='triton_chunks',
-                                            float32_products=split)
+                    fns['triton chunks'] = partial(_kernel_chunked, args.device, plan_chunk,
+                                                   train, *tensors, products='triton_chunks')
                 elif triton:
                     fns['triton chunks'] = partial(_kernel_once_triton, *tensors)
-                    fns['triton chunks, split'] = partial(_kernel_once_triton, *tensors,
-                                                          split=True)
-                if triton:
-                    fns['fused'] = partial(_kernel_chunked, args.device, 1, train, *tensors,
-                                           products='fused')
-                    fns['fused, split'] = partial(_kernel_chunked, args.device, 1, train,
-                                                  *tensors, products='fused',
-                                                  float32_products='tf32x3')
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -682,7 +668,7 @@ def section_kernel(args, out):
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
     cols = (['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
-            + ['triton chunks', 'triton chunks, split', 'fused', 'fused, split'] * triton)
+            + ['triton chunks'] * triton)
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -697,12 +683,26 @@ def section_kernel(args, out):
                  "products, and one each ('a G each', at the plan's chunk: as under "
                  "torch.compile); 'triton chunks': P written by one Triton kernel "
                  "(inference: once; train: at the plan's chunk, G with it), the products "
-                 "the library's (kernel_products='triton_chunks'); 'triton chunks, split': "
-                 "its products as TF32 products of split operands; 'fused': the fused "
-                 "Triton kernels, P never formed "
-                 "(kernel_products='fused'; CUDA); 'fused, split': their forward products "
-                 "with P as TF32 products of split operands (float32_products='tf32x3'). "
-                 "The plan's kernel_chunk on "
-                 f'{args.device}: the fastest chunk; its kernel_once_up_to: up to which '
-                 'size of P once wins.')
+                 "the library's (kernel_products='triton_chunks'; CUDA). The plan's "
+                 f'kernel_chunk on {args.device}: the fastest chunk; its kernel_once_up_to: '
+                 'up to which size of P once wins.')
     return lines
+
+
+# --------------------------------------------------------------------- registration
+LAB_SECTIONS = {'pinv': section_pinv, 'matmul': section_matmul, 'dwconv': section_dwconv,
+                'kernel': section_kernel}
+
+
+def register():
+    """Add ``LAB_SECTIONS`` to ``mmsoft.benchmark.SECTIONS``, ahead of the library's
+    sections (the order the CLI runs them in by default); once (this module's import
+    does)."""
+    if all(SECTIONS.get(k) is fn for k, fn in LAB_SECTIONS.items()):
+        return
+    library = {k: fn for k, fn in SECTIONS.items() if k not in LAB_SECTIONS}
+    SECTIONS.clear()
+    SECTIONS.update(LAB_SECTIONS, **library)
+
+
+register()

@@ -1,44 +1,39 @@
-"""Run every measurement that decides mmsoft's per-device defaults, and write one report.
+"""Run every measurement that decides mmsoft's per-device defaults and the lab's candidates,
+and write one report: the lab's command for a lent GPU machine.
 
-Each step runs as its own process; a failing or slow step is recorded and the next one
-runs. The steps, by part (one call of a lent GPU machine each):
+Each step runs as its own process, in the repository root; a failing or slow step is
+recorded and the next one runs. Every benchmark and fidelity command takes
+``--import projects.soft_lab`` (the candidates, and the benchmark's plan sections). The
+steps, by part (one call of a lent GPU machine each):
 
   --part base (no compiled mmcv ops needed; the figures still open come first, then the
   measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
   cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
-  matmul         benchmark --sections matmul: one m×m product in float32, TF32, split
-                 TF32 and, in the Triton kernel, split TF32, fp16 and split fp16, the
-                 last two also in cuBLAS (ms, TFLOP/s, and each one's deviations), and
-                 Newton steps each way: do TF32 products reach the tensor cores, and
-                 how fast and how exact are the fp16 ones, each way? Then one TF32
-                 and one float32 product called each way (the step's baddbmm or bmm
+  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and, with
+                 torch 2.8 on, the fp16 products of 'tf32-fp16' (ms, TFLOP/s, their
+                 deviations), and Newton steps each way: do TF32 products reach the
+                 tensor cores, and how fast and how exact are the fp16 ones? Then one
+                 TF32 and one float32 product called each way (the step's baddbmm or bmm
                  alone, transposed, cuBLASLt, TunableOp) at SOFT-S's landmark batches,
                  per padded m
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
                  (FORMED) and with its first float32 step guarded (GUARDED)
-  fp32           benchmark --sections speed,train, SOFT-S also with the float32 iterate,
-                 FORMED, GUARDED, HORNER, FUSED, SPLIT, both, FP16, FP16_SPLIT,
-                 ALL_KERNELS, TRITON_CHUNKS and TRITON_FP16_SPLIT (SPEED_PATHS,
-                 --soft-plans): what CUDA's plan gains on this GPU, what its thin steps
-                 gain in inference and training (one by one, and by Horner's rule in
-                 inference), what the first float32 step costs where no kernel needs
-                 it, and what the fused kernel products, P written by one
-                 Triton kernel, the split float32 products and the products on fp16
-                 tensor cores gain
+  fp32           benchmark --sections speed,train, SOFT-S also under SPEED_PATHS
+                 (--soft-plans: the float32 iterate, FORMED and each candidate): what
+                 CUDA's plan gains on this GPU, what its thin steps gain, and what each
+                 candidate gains
   fidelity       fidelity.py at 800x1344: SOFT-S's output maps and training gradients
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FP16_SPLIT,
-                 TRITON_FP16_SPLIT, FUSED and ALL_KERNELS (where the time goes, and what
-                 the products on fp16 tensor cores, P written by one Triton kernel and
-                 the fused products change)
+                 training step by GPU kernel under the plan, FP16_SPLIT, TRITON_CHUNKS
+                 and TRITON_FP16_SPLIT (where the time goes)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
-                 thin, eigh, the TF32 schedules of TF32_SCHEDULES), also zero-padded:
-                 the plan's pinv and its options
+                 thin, 'spectral', the TF32 schedules of TF32_SCHEDULES), also
+                 zero-padded: the plan's pinv and its options
   --part decide (what CUDA's plan is chosen from, lean: one call of ~5 minutes where
   device time is short; SOFT-S and Swin-T at 800x1344 only, DECIDE_PATHS)
   decide-matmul   benchmark --sections matmul at 1050 landmarks padded to a multiple
@@ -60,10 +55,14 @@ runs. The steps, by part (one call of a lent GPU machine each):
   detector       benchmark --sections detector (also SOFT-S with cuda_graphs)
   --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
-                 kernel_chunk and kernel_once_up_to; P written by one Triton kernel and
-                 the fused kernel products per stage, with and without split products
-                 (CUDA)
+                 kernel_chunk and kernel_once_up_to; P's chunks from one Triton kernel
+                 per stage (CUDA)
   bf16, fp16     speed and training step under torch.autocast (--amp bf16 / fp16)
+
+A path's candidate is a modifier (mmsoft.benchmark.common.path_plan): one inverse variant
+of the lab in place of the plan's 'tf32', and optionally '+triton_chunks'. Off CUDA,
+where the CPU's plan has no 'tf32' to replace, the paths with modifiers are left out; on
+CUDA without Triton, those that need it.
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
 exit status and seconds, and what it printed, mmengine's log lines left out),
@@ -73,14 +72,15 @@ tools/analysis_tools/benchmark.py; the plan whose fields the steps measure is
 with mmsoft importable (installed, or the repository root on PYTHONPATH).
 
 On a GPU machine without network access (with a virtual environment prepared elsewhere
-and carried in .gpu/, whose setup.sh activates it), one call of under 10 minutes per part; ``--budget`` stops starting steps once its seconds are spent
-and stops a step that outlasts it, so the set-up and the report fit in one call:
+and carried in .gpu/, whose setup.sh activates it), one call of under 10 minutes per
+part; ``--budget`` stops starting steps once its seconds are spent and stops a step that
+outlasts it, so the set-up and the report fit in one call:
 
-  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
+  source .gpu/setup.sh && python3 projects/soft_lab/device_report.py --device cuda
       --out "$OUT"   (one line)
-  source .gpu/setup.sh && python3 tools/analysis_tools/device_report.py --device cuda
+  source .gpu/setup.sh && python3 projects/soft_lab/device_report.py --device cuda
       --part compile --out "$OUT"   (one line)
-  source .gpu/setup.sh cuda-ops && python3 tools/analysis_tools/device_report.py
+  source .gpu/setup.sh cuda-ops && python3 projects/soft_lab/device_report.py
       --device cuda --part detector --budget 280 --out "$OUT"   (one line; after ~270 s
       of mmcv build)
 
@@ -106,10 +106,13 @@ import subprocess
 import sys
 import time
 
-# tools/analysis_tools/ -> the repository root: the steps run there (tests/, configs/)
+# projects/soft_lab/ -> the repository root: the steps run there (tools/, tests/, configs/)
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 BENCHMARK = osp.join('tools', 'analysis_tools', 'benchmark.py')
 FIDELITY = osp.join('tools', 'analysis_tools', 'fidelity.py')
+# what every benchmark and fidelity command imports first: the lab's candidates, and the
+# benchmark's plan sections (pinv, matmul, dwconv, kernel)
+IMPORT = ['--import', 'projects.soft_lab']
 
 # 'tf32' schedules (float32 steps first, last) the pinv and fidelity steps compare.
 TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
@@ -117,51 +120,34 @@ TF32_SCHEDULES = ((1, 2), (1, 4), (1, 6), (1, 8))
 # the thin matrix, in training too on large kernels): what the floor (fidelity,
 # fidelity-640) and the speed (fp32) of the default are compared with
 FORMED = 'tf32-1-4-pad32'
-# CUDA's plan with P's products in the fused Triton kernels (kernel_products='fused'):
-# its floor (fidelity) and its speed (fp32) beside the plan's
-FUSED = 'fused'
-# CUDA's plan with its float32 m×m products as three TF32 products of split operands
-# (float32_products='tf32x3', one Triton kernel each), alone and with FUSED
-SPLIT = 'default+tf32x3'
-FUSED_SPLIT = 'fused+tf32x3'
-# CUDA's plan with its TF32 products from fp16 tensor cores (tf32_products='fp16':
-# cuBLAS's fp16 products with torch 2.8 on, else one Triton kernel each), with its
-# float32 ones too (float32_products='fp16x3'), and both with the fused kernels (their
-# products with P split as TF32)
-FP16 = 'default+fp16'
-FP16_SPLIT = 'default+fp16+fp16x3'
-ALL_KERNELS = 'fused+fp16+fp16x3'
+# The candidates (projects/soft_lab/variants.py), each in place of CUDA's 'tf32':
+# its first float32 step only for a batch of kernels that may sit near the step size's
+# boundary ('tf32-guarded'; SOFT-S's kernels on real images sit far from it: TF32 steps
+# instead, 2 fewer float32 m×m products per layer)
+GUARDED = 'default+tf32-guarded'
+# its thin steps as one sum by Horner's rule in inference too ('tf32-horner'; at 800x1344
+# one float32 m×m product for the 4 steps instead of 4)
+HORNER = 'default+tf32-horner'
+# its TF32 products from fp16 tensor cores and its float32 ones as three fp16 products of
+# split operands ('tf32-fp16': cuBLAS's fp16 products, torch 2.8 on)
+FP16_SPLIT = 'default+tf32-fp16'
 # CUDA's plan with P's chunks (and G in backward) written by one Triton kernel each
-# (kernel_products='triton_chunks'), alone and with FP16_SPLIT (whose split float32
-# products split that kernel's products too)
+# ('triton_chunks'), alone and with FP16_SPLIT
 TRITON_CHUNKS = 'default+triton_chunks'
-TRITON_FP16_SPLIT = 'default+triton_chunks+fp16+fp16x3'
-# CUDA's plan with its first float32 step only for a batch of kernels that may sit near
-# the step size's boundary (tf32_first_steps='guarded'; SOFT-S's kernels on real images
-# sit far from it: TF32 steps instead, 2 fewer float32 m×m products per layer)
-GUARDED = 'default+guarded'
-# CUDA's plan with its thin steps as one sum by Horner's rule in inference too
-# (thin_horner='always'; at 800x1344 one float32 m×m product for the 4 steps instead of 4)
-HORNER = 'default+horner'
-# --part decide's candidates for CUDA's plan (the plan itself is the default), each
-# the one before it with one more choice: GUARDED, then Horner's rule in inference,
-# then the products on fp16 tensor cores, then P's chunks from one Triton kernel
-GUARDED_HORNER = 'default+guarded+horner'
-GUARDED_HORNER_FP16_SPLIT = 'default+guarded+horner+fp16+fp16x3'
-ALL_CHUNKS = 'default+guarded+horner+triton_chunks+fp16+fp16x3'
-DECIDE_PATHS = (GUARDED, GUARDED_HORNER, GUARDED_HORNER_FP16_SPLIT, ALL_CHUNKS)
-# the paths that need Triton's kernels on CUDA (``command`` leaves them out elsewhere)
-TRITON_MODIFIERS = ('fused', 'triton_chunks')
+TRITON_FP16_SPLIT = 'default+tf32-fp16+triton_chunks'
+# --part decide's candidates for CUDA's plan (the plan itself is the default)
+DECIDE_PATHS = (GUARDED, HORNER, FP16_SPLIT, TRITON_FP16_SPLIT)
+# the modifiers that need Triton on CUDA (``command`` leaves their paths out without it)
+TRITON_MODIFIERS = ('tf32-fp16', 'triton_chunks')
+# the tools' options that take paths
+PATH_OPTIONS = ('--soft-plans', '--paths')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, HORNER, FUSED,
-                     SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS,
-                     TRITON_FP16_SPLIT])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, HORNER,
+                     FP16_SPLIT, TRITON_CHUNKS, TRITON_FP16_SPLIT])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
-# the float32 iterate, CUDA's plan before its TF32 steps (the plan itself is the
-# default), FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, FP16, FP16_SPLIT,
-# ALL_KERNELS, TRITON_CHUNKS and TRITON_FP16_SPLIT
-SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FUSED, SPLIT, FUSED_SPLIT, FP16,
-               FP16_SPLIT, ALL_KERNELS, TRITON_CHUNKS, TRITON_FP16_SPLIT)
+# the float32 iterate, CUDA's plan with every step formed, and each candidate
+SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FP16_SPLIT, TRITON_CHUNKS,
+               TRITON_FP16_SPLIT)
 
 # SOFT-S's 1050 landmarks at 800x1344 padded to a multiple of 32 (CUDA's plan), 64, 128
 # and 256: the sizes the matmul steps time one product at, each way it can be made (the
@@ -174,8 +160,7 @@ STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
     'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
                                      '1025', '1050', *PADDED_SIZES],
-               "one m×m product: float32, TF32, split TF32, the Triton kernel's "
-               "(split TF32, fp16, split fp16) and cuBLAS's fp16 ones; Newton steps each "
+               "one m×m product: float32, TF32 and cuBLAS's fp16 ones; Newton steps each "
                'way; a TF32 and a float32 product called each way (cuBLAS, cuBLASLt, '
                'TunableOp)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
@@ -189,11 +174,11 @@ STEPS = {
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
     'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FP16_SPLIT, TRITON_FP16_SPLIT, FUSED,
-                                      ALL_KERNELS],
+                                      '--soft-plans', FP16_SPLIT, TRITON_CHUNKS,
+                                      TRITON_FP16_SPLIT],
                 "where SOFT-S's time goes, by kernel: the plan, FP16_SPLIT (its products "
-                "on fp16 tensor cores), TRITON_FP16_SPLIT (and P written by one Triton "
-                "kernel), FUSED and ALL_KERNELS"),
+                "on fp16 tensor cores), TRITON_CHUNKS (P written by one Triton kernel) "
+                'and TRITON_FP16_SPLIT (both)'),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
@@ -274,25 +259,48 @@ def machine(device):
     return lines
 
 
+def _runs_here(arg, device):
+    """Whether a step's argument can run on ``device``: not a path with modifiers off
+    CUDA (the CPU's plan has no 'tf32' to replace, and P's chunks from Triton run on
+    CUDA), not one with ``TRITON_MODIFIERS`` on CUDA without Triton."""
+    modifiers = set(arg.split('+')[1:])
+    if not modifiers:
+        return True
+    if device != 'cuda':
+        return False
+    return not (modifiers & set(TRITON_MODIFIERS)) or importlib.util.find_spec(
+        'triton') is not None
+
+
+def _paths_here(own, device):
+    """A step's arguments with the paths of ``--soft-plans`` and ``--paths`` that cannot
+    run on ``device`` left out (``_runs_here``), an option left without paths too."""
+    kept, option = [], None
+    for a in own:
+        if a.startswith('--'):
+            option = a
+        elif option in PATH_OPTIONS and not _runs_here(a, device):
+            continue
+        kept.append(a)
+    return [a for i, a in enumerate(kept) if a not in PATH_OPTIONS
+            or (i + 1 < len(kept) and not kept[i + 1].startswith('--'))]
+
+
 def command(name, args):
-    """The argv of step ``name``. The paths with Triton's kernel products ('fused', or a
-    '+fused' or '+triton_chunks' modifier: FUSED, FUSED_SPLIT, ALL_KERNELS,
-    TRITON_CHUNKS, TRITON_FP16_SPLIT) are left out where those cannot run: off CUDA
-    (outside Triton's interpreter) and without Triton 3."""
-    from mmsoft.models.attention.plan import triton_available
+    """The argv of step ``name`` (the paths that cannot run on ``args.device`` left out:
+    ``_paths_here``)."""
     _, tool, own, _ = STEPS[name]
-    if args.device != 'cuda' or not triton_available():
-        own = [a for a in own if not set(TRITON_MODIFIERS) & set(a.split('+'))]
+    own = _paths_here(own, args.device)
     if tool == 'pytest':
         return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
                 'no:cacheprovider']
     out = ['--json', osp.join(args.out, f'{name}.json')]
     if tool == 'fidelity':
-        return ([sys.executable, FIDELITY, '--device', args.device] + own
+        return ([sys.executable, FIDELITY, '--device', args.device] + IMPORT + own
                 + (SMALL_FIDELITY if args.small else []) + out)
     # argparse keeps an option's last value: a step's own sizes and rounds override FULL,
     # and --small's toy sizes override everything
-    return ([sys.executable, BENCHMARK, '--device', args.device] +
+    return ([sys.executable, BENCHMARK, '--device', args.device] + IMPORT +
             (own + SMALL if args.small else FULL + own) + out)
 
 

@@ -18,53 +18,104 @@ benchmark = load_tool(CLI)
 
 def test_cli_help_from_anywhere(tmp_path):
     """The CLI needs only an importable mmsoft, not the repository as working directory;
-    its sections are the library's, in the default order."""
+    its sections are the library's, in the default order (the lab's, which
+    ``--import projects.soft_lab`` adds, come first: projects/soft_lab/tests)."""
     from mmsoft.benchmark import SECTIONS
     res = subprocess.run([sys.executable, CLI, '--help'], cwd=tmp_path, capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stderr
     assert 'python tools/analysis_tools/benchmark.py' in res.stdout
     assert '--sections' in res.stdout and '--json' in res.stdout
+    assert '--import MODULE' in res.stdout and 'projects.soft_lab' in res.stdout
     assert benchmark.SECTIONS is SECTIONS
-    assert list(SECTIONS) == ['pinv', 'matmul', 'dwconv', 'kernel', 'speed', 'train', 'modes',
-                              'memory', 'scaling', 'launches', 'detector', 'profile']
+    library = ['speed', 'train', 'modes', 'memory', 'scaling', 'launches', 'detector',
+               'profile']
+    assert list(SECTIONS)[-len(library):] == library
+    assert set(SECTIONS) - set(library) <= {'pinv', 'matmul', 'dwconv', 'kernel'}
+
+
+def test_lab_sections_and_paths_ask_for_the_lab():
+    """The plan's sections and the candidates' paths are the lab's (projects/soft_lab/):
+    without ``--import projects.soft_lab`` the CLI says to pass it (a fresh process, in
+    which nothing imported the lab)."""
+    for args, said in ((['--sections', 'speed,pinv'], "unknown sections ['pinv']"),
+                       (['--sections', 'speed', '--soft-plans', 'default+tf32-guarded'],
+                        "unknown path modifier 'tf32-guarded'")):
+        res = subprocess.run([sys.executable, CLI, '--device', 'cpu', *args], cwd=ROOT,
+                             capture_output=True, text=True)
+        assert res.returncode == 2, res.stderr
+        assert said in res.stderr and '--import projects.soft_lab' in res.stderr, res.stderr
+
+
+def test_import_finds_projects_in_the_working_directory(tmp_path):
+    """``python tools/...`` has the script's directory on sys.path, not the working
+    directory: ``--import projects.soft_lab`` (``import_modules``) looks for projects/
+    in the working directory too, and the child processes of the memory sections
+    import the same modules from there; a module that is not found elsewhere raises."""
+    code = ('import sys\n'
+            'from mmsoft.benchmark import common\n'
+            f'sys.path[:] = [p for p in sys.path if p not in ("", {ROOT!r})]\n'
+            'common.import_modules(["projects.soft_lab"])\n'
+            'import projects.soft_lab.variants\n'
+            'print(common.IMPORTED, common.IMPORT_PATHS)\n'
+            'try:\n'
+            '    common.import_modules(["projects.no_such_lab"])\n'
+            'except ModuleNotFoundError as e:\n'
+            '    print("raised", e.name)\n')
+    res = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split('\n')[:2] == [f"['projects.soft_lab'] [{ROOT!r}]",
+                                          'raised projects.no_such_lab'], res.stdout
+
+
+def test_path_modifiers_name_what_is_registered(monkeypatch):
+    """A path's ``+X`` names a registered inverse variant, which replaces the plan's
+    'tf32', or kernel products, tried first; the lab registers its candidates so (here
+    stand-ins). The removed paths and modifiers are errors."""
+    from mmsoft.benchmark.common import path_plan
+    from mmsoft.models.attention import KERNEL_PRODUCTS, PLANS, VARIANTS
+    from mmsoft.models.attention.dispatch import TF32, KernelProducts
+
+    class Variant(TF32):
+        name = 'tf32-test'
+
+    class Products(KernelProducts):
+        name = 'test_chunks'
+
+    monkeypatch.setitem(VARIANTS, 'tf32-test', Variant())
+    monkeypatch.setitem(KERNEL_PRODUCTS, 'test_chunks', Products())
+    plan = path_plan('cuda+tf32-test+test_chunks', 'cpu')
+    assert plan.pinv == ((196, 'iterative'), (None, 'tf32-test'), (None, 'iterative'))
+    assert plan.kernel_products == ('test_chunks', ) + PLANS['cuda'].kernel_products
+    assert plan.tf32_float32_steps == PLANS['cuda'].tf32_float32_steps
+    padded = path_plan('tf32-1-2-pad32-thin2+tf32-test', 'cpu')
+    assert padded.pinv == ((None, 'tf32-test'), ) and padded.pinv_pad == 32
+    assert path_plan('spectral', 'cpu').pinv == ((None, 'spectral'), )
+    assert path_plan('default+test_chunks', 'cpu').pinv == PLANS['cpu'].pinv
+    with pytest.raises(ValueError, match="replaces the plan's 'tf32'"):
+        path_plan('default+tf32-test', 'cpu')  # the CPU's plan has none
+    with pytest.raises(ValueError, match=r"modifier 'nope'.*tf32-test.*test_chunks"):
+        path_plan('cuda+nope', 'cpu')
+    for removed in ('spectral64', 'spectral32', 'spectral-mixed', 'spectral-tridiagonal',
+                    'tf32x3', 'fused'):
+        with pytest.raises(ValueError, match='unknown path'):
+            path_plan(removed, 'cpu')
+    for removed in ('tf32x3', 'fp16', 'fp16x3', 'guarded', 'horner', 'fused'):
+        with pytest.raises(ValueError, match='unknown path modifier'):
+            path_plan(f'cuda+{removed}', 'cpu')
 
 
 def test_benchmark_sections(tmp_path, capsys):
-    from mmsoft.benchmark.plan import KERNEL_CHUNKS
     from mmsoft.models.attention import plan_for
     out = tmp_path / 'b.json'
     plan = plan_for('cpu')
-    benchmark.main(['--device', 'cpu', '--sections',
-                    'pinv,matmul,dwconv,kernel,speed,train,modes', '--matmul-sizes', '40',
-                    '--sizes', '64x64', '--repeat', '0', '--skip-official', '--pinv-sizes',
-                    '16', '130', '--train-batch', '1', '--json', str(out)])
+    benchmark.main(['--device', 'cpu', '--sections', 'speed,train,modes', '--sizes', '64x64',
+                    '--repeat', '0', '--skip-official', '--train-batch', '1', '--json',
+                    str(out)])
     res = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert '| backbone | 64x64 |' in printed and '| mode | what |' in printed
-    assert set(res['pinv']) == {'16', '130'}
-    assert 'iterative, applied, m padded to ×8' in res['pinv']['130']  # 130 -> 136
-    assert {'iterative, thin', 'spectral, eigh float32'} <= set(res['pinv']['16'])
-    assert not any('tf32' in c for c in res['pinv']['16'])  # CUDA only
-    assert list(res['matmul']) == ['40'] and list(res['matmul']['40']) == ['float32']
-    assert list(res['calls']) == ['float32']  # the call sweep; TF32 on CUDA only
-    sweep = res['calls']['float32']
-    assert list(sweep['times']['40']) == ['2', '4', '10', '20']
-    assert list(sweep['times']['40']['10']) == ['baddbmm', 'bmm', 'bmm, transposed']
-    assert all(t > 0 for row in sweep['times']['40'].values() for t in row.values())
-    # each call makes its product (the step's 2a - a·b, the others a·b): float32 sums
-    assert max(sweep['deviations']['40'].values()) < 1e-5, sweep['deviations']
-    assert not sweep['kernels'] and not sweep['tuned']  # traced and tuned on CUDA only
-    assert '| 40 | 10 | ' in printed and 'bmm, transposed: µs per kernel' in printed
-    assert set(res['dwconv']) == {f'64x64 stage{s} {step}' for s in (1, 2, 3)
-                                  for step in ('forward', 'train')}
-    assert all(t > 0 for row in res['dwconv'].values() for t in row.values())
-    kernel = res['kernel']  # per stage: inference (once + 4 chunk sizes), train (chunks)
-    assert len(kernel) == 6 and plan_for('cpu') == plan  # the plan in force as before
-    for name, row in kernel.items():
-        chunks = {f'2^{c}' for c in KERNEL_CHUNKS}
-        assert set(row) == chunks | ({'a G each'} if ' train ' in name else {'once'}), name
-        assert all(t > 0 for t in row.values())
     for row in res['speed'].values():
         assert row['64x64'] > 0
     assert {'SOFT-S', 'Swin-T', 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)'} <= set(
@@ -72,17 +123,15 @@ def test_benchmark_sections(tmp_path, capsys):
     assert all(r['64x64'] > 0 for r in res['train'].values())
     modes = res['modes']
     assert 'official order' not in modes  # --skip-official
+    assert not {'tf32x3', 'spectral, float32 eigh', 'spectral, mixed eigh'} & set(modes)
     # The 20-step iterate, any method, against the float64 iterate and the official outputs
-    for exact in ('iterative', 'spectral', 'auto', 'tf32', 'tf32x3'):
+    for exact in ('iterative', 'spectral', 'auto', 'tf32'):
         assert max(modes[exact]['deviation']) < 1e-5, (exact, modes[exact])
         assert modes[exact]['official'] < 1e-5, (exact, modes[exact])
-    assert modes['tf32']['time'] is None and modes['tf32x3']['time'] is None  # emulated
+    assert modes['tf32']['time'] is None  # emulated
+    assert modes['spectral']['time'] > 0
     assert '| tf32 |' in printed and '– (emulated)' in printed
-    # a mode with a plan choice (the eigendecomposition's dtype): the same iterate, and
-    # the plan in force is as before afterwards
-    mode = modes['spectral, float32 eigh']
-    assert mode['time'] > 0 and max(mode['deviation']) < 1e-5
-    assert plan_for('cpu') == plan
+    assert plan_for('cpu') == plan  # the plan in force as before
     # fast modes change the answer, by the documented orders of magnitude
     assert 0 < max(modes['regularized']['deviation']) < 0.05
     assert modes['grid8']['deviation'][-1] > modes['grid16']['deviation'][-1] > 0
@@ -194,78 +243,6 @@ def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
         assert rows[name]['64x64'] == n + i + 1
 
 
-def test_tf32_conversion_check_tells_the_conversions_apart():
-    """The matmul section's check of how a GPU converts TF32 operands, here on the CPU
-    (no TF32: the product matches its unconverted operands, to float32 summation, and
-    neither conversion, which moves it by ~2^-11 / 2^-10 of the operands)."""
-    from mmsoft.benchmark.plan import _tf32_conversion
-    c = _tf32_conversion(64, 'cpu')
-    assert c['float32'] < 1e-5 < c['rounded'] < c['cut']
-
-
-def test_call_sweep_switches_torch_settings_inside_its_columns_only():
-    """The sweep's cuBLASLt and TunableOp columns set process-wide settings of torch
-    (the preferred BLAS library, TunableOp and its tuning and file) inside their block,
-    and restore them after; on CUDA the sweep has those columns, elsewhere not."""
-    import torch
-    if not (hasattr(torch.backends.cuda, 'preferred_blas_library')
-            and hasattr(torch.cuda, 'tunable')):
-        pytest.skip('this torch has no preferred BLAS library or TunableOp')
-    from mmsoft.benchmark.plan import _calls, _tuned_lt
-    library, tunable = torch.backends.cuda.preferred_blas_library, torch.cuda.tunable
-
-    def settings():
-        return (library().name, tunable.is_enabled(), tunable.tuning_is_enabled(),
-                tunable.get_filename())
-
-    before = settings()
-    with _tuned_lt():
-        inside = settings()
-    assert settings() == before
-    assert inside[:3] == ('Cublaslt', True, True) and inside[3] != before[3]
-    assert set(_calls('cuda')) - set(_calls('cpu')) == {
-        'baddbmm, cuBLASLt', 'bmm, cuBLASLt', 'bmm, cuBLASLt, TunableOp'}
-    assert settings() == before
-    # TunableOp refusing to start leaves every setting as it was
-    enable = tunable.enable
-
-    def refusing(on=True):
-        if on:
-            raise RuntimeError('TunableOp refused')
-        enable(on)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tunable, 'enable', refusing)
-        with pytest.raises(RuntimeError, match='refused'):
-            with _tuned_lt():
-                pass
-    assert settings() == before
-
-
-def test_call_sweep_records_a_failing_call_and_keeps_the_others(monkeypatch):
-    """A call that raises (an experimental library path, e.g. TunableOp's) is reported
-    with its error and skipped from there on; the other calls' times, and the matmul
-    section's table before them, stand."""
-    from contextlib import nullcontext
-
-    from mmsoft.benchmark import plan
-
-    def broken(c, a, b):
-        raise RuntimeError('CUBLAS_STATUS_NOT_SUPPORTED')
-
-    calls = dict(plan._calls('cpu'), broken=(broken, False, nullcontext))
-    monkeypatch.setattr(plan, '_calls', lambda device: calls)
-    sweep = plan._call_sweep(argparse.Namespace(device='cpu'), [16], 'float32',
-                             batches=(2, 4))
-    assert sweep['failed'] == {'broken': 'RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED'}
-    for row in sweep['times'][16].values():
-        assert row['broken'] is None and row['bmm'] > 0
-    assert set(sweep['deviations'][16]) == set(calls) - {'broken'}
-    lines = plan._call_lines(sweep, 'float32')
-    assert any(line.startswith('| 16 | 4 | ') and line.endswith(' | – |') for line in lines)
-    assert '- broken failed (–): RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED' in lines
-
-
 def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
     """--soft-plans adds SOFT-S rows to speed and train, each measured with the named
     plan forced for the device type (fidelity.py's path names); an unknown name is a
@@ -297,8 +274,9 @@ def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
     assert len(tf32) == 2 and all(p.tf32_float32_steps == (1, 4) and p.pinv_pad == 32
                                   for p in tf32)
     assert sorted(train for train, _ in forced) == [False, False, True, True]
-    with pytest.raises(SystemExit):
-        benchmark.main(['--device', 'cpu', '--sections', 'speed', '--soft-plans', 'tf33'])
+    for bad in ('tf33', 'spectral64', 'default+tf32x3'):
+        with pytest.raises(SystemExit):
+            benchmark.main(['--device', 'cpu', '--sections', 'speed', '--soft-plans', bad])
 
 
 @pytest.mark.slow
@@ -387,34 +365,6 @@ def test_memory_section_rows_and_ratios_to_swin(monkeypatch):
     assert ('XCiT-SimA-S12/16', 'auto', True, 2) in calls  # trained at --train-batch
     assert '@128x96' in lines[0]  # the largest (last) --sizes entry
     assert out['memory']['XCiT-SimA-S12/16']['train']['peak_mb'] == 300.0
-
-
-def test_pinv_columns_compute_the_same_iterate():
-    """Every column of the pinv section (the padded ones cut back to m, also where the
-    padded size equals Z's width: m = 25 -> 32, 32 columns; the training ones with their
-    backward) computes the formed iterate (times Z), in float64 up to rounding."""
-    import torch
-
-    from mmsoft.benchmark.plan import pinv_columns
-    from mmsoft.models.attention import gaussian_kernel, newton_pinv
-    x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
-    A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)
-    Y = newton_pinv(A, method='iterative')
-    args = argparse.Namespace(device='cpu', pinv_pad=8, tf32_schedules=[(1, 2)])
-    cols = pinv_columns(args)
-    assert {'iterative, m padded to ×8', 'iterative, thin, m padded to ×8'} <= set(cols)
-    # CUDA's columns too (a float64 A runs 'tf32''s steps in float64 here)
-    cuda = pinv_columns(argparse.Namespace(device='cuda', pinv_pad=8, tf32_schedules=[(1, 2)]))
-    assert {'tf32 1+17+2, last 2 thin, m padded to ×8',
-            'tf32 1+17+2, last 2 thin, training'} <= set(cuda)
-    assert 'iterative, last 4 thin, training' in cols
-    cols.update(cuda)
-    for name, fn in cols.items():
-        with torch.no_grad():
-            out = fn(A, Z)
-        ref = Y if out.shape[-1] == 25 else Y @ Z
-        assert out.shape == ref.shape, name
-        assert (out - ref).abs().max() <= 1e-10 * ref.abs().max(), name
 
 
 @pytest.mark.openmmlab  # mmdet builds the detectors
@@ -541,42 +491,6 @@ def test_compiled_measurement_prints_where_compiling_went(monkeypatch, capsys):
     assert re.search(r'; 3 operators captured, \d+ kernels generated$', line), line
 
 
-def test_kernel_section_forces_each_chunk(monkeypatch):
-    """The kernel section times every chunk size through the plan (``kernel_chunk`` forced
-    for the device type inside each call), in training through ``kernel_attention`` as
-    training runs it, and leaves the plan in force as it was."""
-    import torch
-    from mmsoft.benchmark import plan as plan_sections
-    from mmsoft.models import attention
-    from mmsoft.models.attention import PLANS, plan_for
-    seen = {'kernel_matmul': set(), 'kernel_attention': set()}
-
-    def recording(name):
-        fn = getattr(attention, name)
-
-        def call(q, *args, **kwargs):
-            p = plan_for(q.device.type)
-            seen[name].add((p.kernel_chunk, p.kernel_once_up_to, torch.is_grad_enabled()))
-            return fn(q, *args, **kwargs)
-        return call
-
-    for name in seen:
-        monkeypatch.setattr(attention, name, recording(name))
-    before = plan_for('cpu')
-    args = argparse.Namespace(device='cpu', sizes=['64x64'], train_batch=1, rounds=1)
-    out = {}
-    plan_sections.section_kernel(args, out)
-    # inside: each chunk, and P never formed whole; the CPU plan says otherwise. Training
-    # with one G for both products, and with a G each at the plan's chunk ('a G each')
-    chunks = {(2**c, None) for c in plan_sections.KERNEL_CHUNKS}
-    assert seen['kernel_attention'] == {(*c, True) for c in chunks}
-    own = (PLANS['cpu'].kernel_chunk, PLANS['cpu'].kernel_once_up_to, True)
-    assert seen['kernel_matmul'] == {(*c, False) for c in chunks} | {own}
-    assert PLANS['cpu'].kernel_once_up_to is not None
-    assert plan_for('cpu') == before == PLANS['cpu']
-    assert len(out['kernel']) == 6
-
-
 def test_official_order_runs_the_official_attention(monkeypatch):
     """measure(mode='official order') (also in the memory section's child processes) runs
     SOFT's attention in the official order through the plan, only inside the
@@ -601,10 +515,17 @@ def test_official_order_runs_the_official_attention(monkeypatch):
 
 def test_child_measure_runs_in_a_fresh_process(tmp_path, monkeypatch, capsys):
     """The memory and scaling sections' measurement in a child process imports
-    mmsoft.benchmark (not the CLI), from any working directory; a crashed child reads
-    as None, with its error printed."""
+    mmsoft.benchmark (not the CLI) and the modules of --import, from any working
+    directory; a crashed child reads as None, with its error printed."""
+    from mmsoft.benchmark import common
     from mmsoft.benchmark.common import child_measure
     monkeypatch.chdir(tmp_path)
+    # the modules --import named are imported by the child too (one that is not found
+    # there crashes it)
+    monkeypatch.setattr(common, 'IMPORTED', ['json', 'mmsoft_no_such_module'])
+    assert child_measure('SOFT-S', 'auto', '64x64', 'cpu', 0) is None
+    assert "No module named 'mmsoft_no_such_module'" in capsys.readouterr().out
+    monkeypatch.setattr(common, 'IMPORTED', ['json'])
     r = child_measure('SOFT-S', 'official order', '64x64', 'cpu', 0)
     assert r is not None and r['time'] > 0 and math.isfinite(r['peak_mb'])
     assert child_measure('no such backbone', 'auto', '64x64', 'cpu', 0) is None

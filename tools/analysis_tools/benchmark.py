@@ -1,16 +1,18 @@
 """Speed, memory and scaling of the mmsoft backbones next to mmdet's Swin-T, PVT-Small,
 ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 
-Sections (``--sections``, default all):
+Sections (``--sections``, default all that are registered). The first four are the
+lab's (projects/soft_lab/benchmark.py, registered by ``--import projects.soft_lab``):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
            formed, as training needs), A⁺·Z for a thin Z as inference computes it, the
-           steps applied to the thin Z, eigh in float64 and float32, and on CUDA the TF32
-           schedules of ``--tf32-schedules``; the iterations also on A zero-padded to a
-           multiple of ``--pinv-pad`` landmarks (the same iterate, aligned sizes): what
-           the plan's ``pinv``, ``eigh_dtype``, ``tf32_float32_steps`` and ``pinv_pad``
-           should say
-  matmul   one batched m×m product of the iteration in float32, TF32 and split TF32 at
-           ``--matmul-sizes``, in ms and TFLOP/s: whether TF32 reaches the tensor cores
+           steps applied to the thin Z, 'spectral', and on CUDA the TF32 schedules of
+           ``--tf32-schedules``; the iterations also on A zero-padded to a multiple of
+           ``--pinv-pad`` landmarks (the same iterate, aligned sizes): what the plan's
+           ``pinv``, ``tf32_float32_steps``, ``pinv_pad`` and ``thin_steps`` should say
+  matmul   one batched m×m product of the iteration in float32 and TF32 (on CUDA with
+           torch 2.8 on also the fp16 products of 'tf32-fp16') at ``--matmul-sizes``, in
+           ms and TFLOP/s: whether TF32 reaches the tensor cores; then each way to call
+           a TF32 and a float32 product, per padded m
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what the plan's ``local_conv_layout`` should say for the
@@ -18,9 +20,9 @@ Sections (``--sections``, default all):
   kernel   the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's three stages at
            each ``--sizes`` entry: P formed once vs in row chunks of 2^18 … 2^24 elements
            (inference, batch 1) and the chunk sizes with backward (``--train-batch``),
-           and on CUDA the fused Triton kernels, all variants in turn for ``--rounds``
-           rounds: what the plan's ``kernel_chunk``, ``kernel_once_up_to`` and
-           ``kernel_products`` should say
+           and on CUDA P's chunks from one Triton kernel ('triton_chunks'), all variants
+           in turn for ``--rounds`` rounds: what the plan's ``kernel_chunk``,
+           ``kernel_once_up_to`` and ``kernel_products`` should say
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
@@ -56,9 +58,18 @@ speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a
 'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
 size), and its first, compiling call is not timed (it is printed). ``--models`` keeps
 the speed and train sections to the backbones named. ``--soft-plans`` adds SOFT-S under
-other attention plans to both (and to the profile), by the names of tools/analysis_tools/fidelity.py's paths
-(e.g. ``iterative tf32-1-8 tf32-1-2-pad32``): the time of each candidate plan beside the
-floor that fidelity.py measures for it.
+other attention plans to both (and to the profile), by the names of
+tools/analysis_tools/fidelity.py's paths (e.g. ``iterative tf32-1-8 tf32-1-2-pad32``, or
+with the lab's candidates ``default+tf32-guarded``): the time of each candidate plan
+beside the floor that fidelity.py measures for it.
+
+``--import MODULE ...`` imports modules before anything runs, as mmengine's
+``custom_imports`` do, and each package's ``benchmark`` module where it has one (its
+sections). ``--import projects.soft_lab`` registers the lab's candidates (the inverse
+variants 'tf32-fp16', 'tf32-guarded', 'tf32-horner' and the kernel products
+'triton_chunks', for path modifiers) and its sections pinv, matmul, dwconv and kernel.
+Run from the repository root: a module of projects/ that is not on sys.path is looked
+for in the working directory (or put the root on PYTHONPATH).
 
 "official order" is the official SOFT code's computation order (P computed twice,
 (P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run through the plan's
@@ -66,19 +77,26 @@ floor that fidelity.py measures for it.
 equal the reference, only its cost differs.
 
 The plan is ``AttentionPlan`` in mmsoft/models/attention/plan.py; the sections live in
-``mmsoft.benchmark`` (one module per group of sections), this file is the command line.
+``mmsoft.benchmark`` (one module per group of sections) and the lab's in
+``projects.soft_lab.benchmark``; this file is the command line.
 
 Usage: python tools/analysis_tools/benchmark.py [--device cpu|cuda] [--sections speed,modes]
        [--plot f.png]
+       python tools/analysis_tools/benchmark.py --import projects.soft_lab --sections pinv
 """
 import argparse
 import json
+import sys
 
 import torch
 
 from mmsoft.benchmark import SECTIONS
-from mmsoft.benchmark.common import AMP_DTYPES
+from mmsoft.benchmark.common import AMP_DTYPES, import_modules, path_plan
 from mmsoft.models.attention import PLANS
+
+# The lab (projects/soft_lab/): its candidates and the plan's sections, by --import
+LAB = 'projects.soft_lab'
+LAB_SECTIONS = ('pinv', 'matmul', 'dwconv', 'kernel')
 
 
 def _schedule(text):
@@ -98,7 +116,12 @@ def build_parser():
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split('\n\n', 1)[1])
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--sections', default=','.join(SECTIONS))
+    parser.add_argument('--import', nargs='+', dest='imports', default=[], metavar='MODULE',
+                        help='import these modules first (and each package\'s benchmark '
+                        f'module), e.g. --import {LAB}: the lab\'s candidates and its '
+                        f'sections {", ".join(LAB_SECTIONS)}')
+    parser.add_argument('--sections', help='comma-separated (default: every registered '
+                        'section, in order)')
     parser.add_argument('--sizes', nargs='+', default=['512x512', '800x1344'])
     parser.add_argument('--sweep', nargs='+',
                         default=['256x256', '384x384', '512x512', '768x768', '1024x1344'])
@@ -138,8 +161,10 @@ def build_parser():
                         'of the ratios, always; SOFT-S in its default mode only), e.g. '
                         '--models SOFT-S Swin-T')
     parser.add_argument('--soft-plans', nargs='+', metavar='PATH', default=[],
-                        help='speed and train: also time SOFT-S under these plans (the '
-                        "paths of tools/analysis_tools/fidelity.py, e.g. tf32-1-8-pad32)")
+                        help='speed, train and profile: also time SOFT-S under these plans '
+                        '(the paths of tools/analysis_tools/fidelity.py, e.g. '
+                        f'tf32-1-8-pad32; the lab\'s, e.g. default+tf32-guarded, with '
+                        f'--import {LAB})')
     parser.add_argument('--compile', choices=['default', 'reduce-overhead', 'max-autotune'],
                         help='speed and train: also time SOFT-S and Swin-T under '
                         'torch.compile with this mode')
@@ -151,24 +176,44 @@ def build_parser():
     return parser
 
 
+def _import(parser, names):
+    """``--import``: each module, then each package's ``benchmark`` module where it has
+    one (``import_modules``); a module that cannot be imported is a command-line error."""
+    import importlib.util
+    try:
+        import_modules(names)
+        import_modules([f'{n}.benchmark' for n in names
+                        if hasattr(sys.modules[n], '__path__')
+                        and importlib.util.find_spec(f'{n}.benchmark') is not None])
+    except ImportError as e:
+        parser.error(f'--import: {e} (run from the repository root, or put it on '
+                     'PYTHONPATH)')
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    sections = args.sections.split(',')
-    unknown = set(sections) - set(SECTIONS)
+    _import(parser, args.imports)
+    sections = args.sections.split(',') if args.sections else list(SECTIONS)
+    unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        parser.error(f'unknown sections {sorted(unknown)}; choose from {sorted(SECTIONS)}')
+        lab = [s for s in unknown if s in LAB_SECTIONS]
+        parser.error(f'unknown sections {unknown}; choose from {list(SECTIONS)}'
+                     + (f' ({", ".join(lab)}: the lab\'s sections, registered by --import '
+                        f'{LAB})' if lab else ''))
     if args.models:
         from mmsoft.benchmark.speed import SPEED_MODELS
         bad = set(args.models) - set(SPEED_MODELS)
         if bad:
             parser.error(f'unknown --models {sorted(bad)}; choose from {list(SPEED_MODELS)}')
-    from mmsoft.benchmark.common import path_plan
     for path in args.soft_plans:
         try:
             path_plan(path, args.device)
         except ValueError as e:
-            parser.error(f'--soft-plans: {e}')
+            lab = '+' in path and LAB not in sys.modules
+            parser.error(f'--soft-plans: {e}' + (f" (the lab's candidates, e.g. "
+                                                 f'+tf32-guarded, need --import {LAB})'
+                                                 if lab else ''))
     if args.device == 'cuda':
         dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
                f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')

@@ -17,15 +17,20 @@ float32 step's branches there, and such flips are counted beside them
   official                the official computation order in float32 (what the
                           official code computes: float32's own rounding)
   iterative               the formed float32 iterate
-  spectral64, spectral32  one eigendecomposition in float64 / float32
-  spectral-mixed          float32 where a first-order bound allows it, else float64
-  spectral-tridiagonal    'spectral-mixed' without eigenvectors in inference: the
-                          kernel's tridiagonal form (needs SciPy)
+  spectral                one eigendecomposition (float32 where a first-order bound
+                          allows it, else float64)
   tf32-F-L                TF32 products between F float32 steps first and L last, e.g.
                           tf32-1-2; tf32-F-L-padN: with m zero-padded to a multiple of N;
                           ...-thinK: the last K float32 steps applied to the thin matrix
                           (in training too where that costs less)
-  tf32x3                  three TF32 products of split operands per product
+
+each followed by modifiers +X, X a registered inverse variant (in place of the plan's
+'tf32', e.g. cuda+tf32-guarded) or kernel products (tried first, e.g.
+default+triton_chunks). ``--import MODULE ...`` imports modules before anything runs, as
+mmengine's ``custom_imports`` do: ``--import projects.soft_lab`` registers the lab's
+candidates ('tf32-fp16', 'tf32-guarded', 'tf32-horner', 'triton_chunks'). Run from the
+repository root: a module of projects/ that is not on sys.path is looked for in the
+working directory (or put the root on PYTHONPATH).
 
 Examples:
   python tools/analysis_tools/fidelity.py --size 640x640
@@ -34,6 +39,8 @@ Examples:
       --images coffee --gradients --gradient-images coffee --paths official cpu cuda
   python tools/analysis_tools/fidelity.py --device cuda --size 800x1344 --gradients \\
       --paths default iterative tf32-1-4 tf32-1-6 tf32-1-8 --json fidelity.json
+  python tools/analysis_tools/fidelity.py --device cuda --import projects.soft_lab \\
+      --paths default default+tf32-guarded default+tf32-fp16+triton_chunks
 
 Without --checkpoint the weights are random (--seed, default 0): the tool says so.
 Images: the scikit-image photos, silhouette and text page of
@@ -41,12 +48,16 @@ Images: the scikit-image photos, silhouette and text page of
 --crop).
 """
 import json
+import sys
 import time
 
 import torch
 
 from mmsoft.apis import cli
-from mmsoft.benchmark.common import path_plan
+from mmsoft.benchmark.common import import_modules, path_plan
+
+# The lab (projects/soft_lab/), whose candidates --import registers
+LAB = 'projects.soft_lab'
 
 
 def build_parser():
@@ -55,6 +66,9 @@ def build_parser():
     parser = cli.tool_parser(__doc__)
     cli.add_model_args(parser)
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--import', nargs='+', dest='imports', default=[], metavar='MODULE',
+                        help=f'import these modules first, e.g. --import {LAB}: the '
+                        "lab's candidates for --paths")
     parser.add_argument('--size', default='640x640', metavar='HxW',
                         help='the images are resized to this size')
     parser.add_argument('--crop', metavar='TOP,LEFT,H,W',
@@ -85,6 +99,11 @@ def main(argv=None):
                                 reference_gradients, reference_outputs)
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        import_modules(args.imports)
+    except ImportError as e:
+        parser.error(f'--import: {e} (run from the repository root, or put it on '
+                     'PYTHONPATH)')
     cli.setup_logging()
     try:
         H, W = (int(v) for v in args.size.lower().split('x'))
@@ -96,10 +115,14 @@ def main(argv=None):
             crop = check_crop(args.crop.split(','), (H, W))
         except ValueError as e:
             parser.error(f'--crop {args.crop}: {e}')
-    try:
-        plans = {name: path_plan(name, args.device) for name in args.paths}
-    except ValueError as e:
-        parser.error(str(e))
+    plans = {}
+    for name in args.paths:
+        try:
+            plans[name] = path_plan(name, args.device)
+        except ValueError as e:
+            lab = '+' in name and LAB not in sys.modules
+            parser.error(f'--paths: {e}' + (f" (the lab's candidates, e.g. +tf32-guarded, "
+                                            f'need --import {LAB})' if lab else ''))
     if not args.tf32_convolutions:
         torch.backends.cudnn.allow_tf32 = False  # no effect off CUDA
     torch.manual_seed(args.seed)

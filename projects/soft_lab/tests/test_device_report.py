@@ -1,24 +1,41 @@
-"""tools/analysis_tools/device_report.py: the one command a lent GPU machine runs,
-checked on the CPU."""
+"""projects/soft_lab/device_report.py: the one command a lent GPU machine runs, checked
+on the CPU. Run from the repository root: `python -m pytest projects/soft_lab/tests`."""
+import importlib.util
 import json
 import os.path as osp
+import subprocess
 import sys
 import time
 
-from conftest import ROOT, load_tool
+import projects.soft_lab  # noqa: F401  (registers the candidates the paths name)
 from mmsoft.benchmark.common import path_plan
-from mmsoft.models.attention.plan import triton_available
+from projects.soft_lab import device_report
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+TRITON = importlib.util.find_spec('triton') is not None
 
 
-device_report = load_tool('tools/analysis_tools/device_report.py')
+def _load_tool(path):
+    """A script under tools/ as a module, loaded from its file as ``python tools/...``
+    runs it."""
+    name = osp.splitext(osp.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(f'mmsoft_tool_{name}', osp.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_report_finds_the_repository():
-    """The steps run in the repository root, where the tools and tests/ are."""
+    """The steps run in the repository root, where the tools and tests/ are; the report
+    runs as a script from there."""
     assert osp.samefile(device_report.ROOT, ROOT)
     assert osp.isfile(osp.join(device_report.ROOT, device_report.BENCHMARK))
     assert osp.isfile(osp.join(device_report.ROOT, device_report.FIDELITY))
     assert osp.isdir(osp.join(device_report.ROOT, 'tests'))
+    res = subprocess.run([sys.executable, osp.join('projects', 'soft_lab', 'device_report.py'),
+                          '--help'], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert 'python3 projects/soft_lab/device_report.py --device cuda' in res.stdout
 
 
 def test_report_runs_its_steps(tmp_path):
@@ -33,16 +50,17 @@ def test_report_runs_its_steps(tmp_path):
     assert '## pinv: ' in report and '## fidelity: ' in report
     assert '## fp32' not in report and '## detector' not in report  # not selected
     assert report.count('exit 0, ') == 2 and 'Every step completed.' in report
-    assert 'tools/analysis_tools/benchmark.py --device cpu --sections pinv' in report
+    assert ('tools/analysis_tools/benchmark.py --device cpu --import projects.soft_lab '
+            '--sections pinv') in report
+    assert 'fidelity.py --device cpu --import projects.soft_lab --size' in report
     assert '--sizes 64x64' in report and '--tf32-schedules 1,2 1,4 1,6 1,8' in report
     assert '| astronaut | ' in report and '| blank | ' in report  # the fidelity tables
     assert '\n### pinv\n' in report  # the benchmark's headings below the step's
     assert (tmp_path / 'pinv.json').exists()
     fidelity = json.loads((tmp_path / 'fidelity.json').read_text())
-    # Triton's kernel products run on CUDA only
-    paths = set(device_report.FIDELITY_PATHS) - {
-        device_report.FUSED, device_report.FUSED_SPLIT, device_report.ALL_KERNELS,
-        device_report.TRITON_CHUNKS, device_report.TRITON_FP16_SPLIT}
+    # the candidates' paths run on CUDA only (the CPU's plan has no 'tf32' to replace)
+    paths = {p for p in device_report.FIDELITY_PATHS if '+' not in p}
+    assert 'default' in paths and device_report.FORMED in paths
     assert set(fidelity['outputs']['blank']) == paths
     assert set(fidelity['gradients']) == {'astronaut'}
     assert set(fidelity['gradients']['astronaut']['paths']) == paths
@@ -52,7 +70,7 @@ def test_report_runs_its_steps(tmp_path):
 def test_decide_part_ranks_its_candidates(tmp_path):
     """--part decide runs its three steps and closes with the candidates table of its
     own timing and floor steps: CUDA's plan and the DECIDE_PATHS that run here (off
-    CUDA without P's chunks from the Triton kernel)."""
+    CUDA none: each replaces CUDA's 'tf32')."""
     code = device_report.main(['--device', 'cpu', '--small', '--part', 'decide', '--out',
                                str(tmp_path)])
     report = (tmp_path / 'report.md').read_text()
@@ -65,16 +83,19 @@ def test_decide_part_ranks_its_candidates(tmp_path):
     table = report.split('## candidates')[1]
     rows = {ln.split(' | ')[0][2:] for ln in table.splitlines()
             if ln.startswith('| ') and not ln.startswith('| path')}
-    here = {p for p in device_report.DECIDE_PATHS if 'triton_chunks' not in p}
-    assert rows == here | {'default'}, rows
+    assert rows == {'default'}, rows
 
 
 def test_every_step_is_a_command_its_tool_takes():
     """Every step's arguments, at full and at toy sizes, parse in the tool it runs (a
-    step that ran on the GPU machine with an option the tool lacks would cost a call)."""
+    step that ran on the GPU machine with an option the tool lacks would cost a call),
+    import the lab first and name paths that run on the step's device."""
     import argparse
-    benchmark = load_tool('tools/analysis_tools/benchmark.py')
-    fidelity = load_tool('tools/analysis_tools/fidelity.py')
+
+    import projects.soft_lab.benchmark  # noqa: F401  (the sections --import adds)
+    from mmsoft.benchmark import SECTIONS
+    benchmark = _load_tool('tools/analysis_tools/benchmark.py')
+    fidelity = _load_tool('tools/analysis_tools/fidelity.py')
     parsers = {'benchmark': benchmark.build_parser(), 'fidelity': fidelity.build_parser()}
     for device in ('cpu', 'cuda'):
         for small in (False, True):
@@ -85,20 +106,18 @@ def test_every_step_is_a_command_its_tool_takes():
                 cmd = device_report.command(name, args)
                 parsed = parsers[tool].parse_args(cmd[2:])
                 assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
-                if name in ('fp32', 'fidelity'):  # Triton's kernel products on CUDA only
-                    paths = parsed.soft_plans if tool == 'benchmark' else parsed.paths
-                    fused = device == 'cuda' and triton_available()
-                    for triton in (device_report.FUSED, device_report.FUSED_SPLIT,
-                                   device_report.ALL_KERNELS, device_report.TRITON_CHUNKS,
-                                   device_report.TRITON_FP16_SPLIT):
-                        assert (triton in paths) == fused, (name, device, triton)
-                    for emulated in (device_report.SPLIT, device_report.FP16,
-                                     device_report.FP16_SPLIT):  # emulated off CUDA
-                        assert emulated in paths, (name, device)
-                if tool == 'benchmark':
-                    assert set(parsed.sections.split(',')) <= set(benchmark.SECTIONS), name
-                    for path in parsed.soft_plans:  # benchmark.main checks them so
-                        path_plan(path, device)
+                assert parsed.imports == ['projects.soft_lab'], name
+                paths = parsed.soft_plans if tool == 'benchmark' else parsed.paths
+                if name in ('fp32', 'fidelity'):  # the candidates on CUDA only
+                    for path in (device_report.GUARDED, device_report.HORNER):
+                        assert (path in paths) == (device == 'cuda'), (name, device, path)
+                    for path in (device_report.FP16_SPLIT, device_report.TRITON_CHUNKS,
+                                 device_report.TRITON_FP16_SPLIT):  # with Triton
+                        assert (path in paths) == (device == 'cuda' and TRITON), (name, path)
+                for path in paths:  # the tools check them so
+                    path_plan(path, device)
+                if tool == 'benchmark':  # the lab's sections, as the tool registers them
+                    assert set(parsed.sections.split(',')) <= set(SECTIONS), name
                     if small:
                         assert parsed.detector_size == '128x160', name
 
@@ -188,8 +207,9 @@ def test_compile_steps_measure_one_round_at_one_size():
             elif compiled or name == 'graphs':
                 assert _last(cmd, '--rounds') == ['1' if compiled else '3'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--skip-official'], name
-            elif name == 'profile':
-                assert _last(cmd, '--sizes', 2) == ['800x1344', '--soft-plans'], name
+            elif name == 'profile':  # its candidates all need Triton
+                after = '--soft-plans' if TRITON else '--json'
+                assert _last(cmd, '--sizes', 2) == ['800x1344', after], name
             elif name == 'decide-fp32':  # the detection size only, two rounds
                 assert _last(cmd, '--rounds') == ['2'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--rounds'], name
