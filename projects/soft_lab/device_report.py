@@ -8,7 +8,8 @@ steps, by part (one call of a lent GPU machine each):
 
   --part base (no compiled mmcv ops needed; the figures still open come first, then the
   measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
-  cuda-tests     pytest -m cuda tests/ (every test is skipped without a GPU)
+  cuda-tests     pytest -m cuda tests/ projects/soft_lab/tests/ (the library's and the
+                 candidates' GPU tests; every one is skipped without a GPU)
   matmul         benchmark --sections matmul: one m×m product in float32, TF32 and, with
                  torch 2.8 on, the fp16 products of 'tf32-fp16' (ms, TFLOP/s, their
                  deviations), and Newton steps each way: do TF32 products reach the
@@ -292,8 +293,8 @@ def command(name, args):
     _, tool, own, _ = STEPS[name]
     own = _paths_here(own, args.device)
     if tool == 'pytest':
-        return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', '-q', '-p',
-                'no:cacheprovider']
+        return [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/', 'projects/soft_lab/tests/',
+                '-q', '-p', 'no:cacheprovider']
     out = ['--json', osp.join(args.out, f'{name}.json')]
     if tool == 'fidelity':
         return ([sys.executable, FIDELITY, '--device', args.device] + IMPORT + own

@@ -9,7 +9,7 @@ path a plan may take keeps: finite, and within 1e-3, or within twice the officia
 iteration's deviation where that is larger (tests/models/attention/test_attention.py);
 '>' marks a deviation beyond it. The ratio to the official iteration is reported, not
 gated: fidelity is judged on the network's outputs (tools/analysis_tools/fidelity.py).
-'tf32' and 'tf32x3' are emulated off CUDA; ``--device cuda`` runs the paths on a GPU
+'tf32' is emulated off CUDA; ``--device cuda`` runs the paths on a GPU
 (the references stay float64 on the CPU).
 
 Examples:

@@ -9,7 +9,8 @@ from mmsoft.models import SOFT
 from mmsoft.models.attention import PLANS, attention_plan, newton, soft_attention
 from mmsoft.testing import relative_deviation
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
 
 CANDIDATES = {'tf32-fp16': {}, 'tf32-guarded': {}, 'tf32-horner': {},
               'triton_chunks': dict(kernel_products=('triton_chunks', 'chunks'))}
