@@ -352,8 +352,8 @@ def test_newton_boundary_sees_landmarks_far_apart(monkeypatch):
     assert res['far']['worst_shortfall'] > 0.1  # the iterate misses 1/λ by > 10 %
     assert res['near']['max_alpha_lambda2'] < 1.9 and res['near']['near_share'] == 0
     assert res['near']['worst_shortfall'] < 1e-6
-    # the guard of 'tf32''s first float32 step: a bound on αλ², above the largest one;
-    # above 1 (the step runs) far apart, at most 1 (let off) close together
+    # the row sums' bound on αλ², above the largest one: above 1 far apart, at most 1
+    # (every eigenvalue proven far from the boundary) close together
     for r in res.values():
         assert r['first_step_bound'] >= r['max_alpha_lambda2']
     assert res['far']['first_step_bound'] > 1 >= res['near']['first_step_bound']

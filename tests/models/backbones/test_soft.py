@@ -120,8 +120,8 @@ def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch, force_plan
     bring it back (Newton is self-correcting). Checked per layer: in the four maps the
     all-TF32 error depends on where the rounding falls, so PARITY_TOL does not tell it
     apart everywhere."""
-    from mmsoft.models.attention import soft as soft_attn
-    apply, errors = soft_attn.newton_pinv_apply, []
+    from mmsoft.models.attention import dispatch
+    apply, errors = dispatch.newton_pinv_apply, []
 
     def recording_apply(A, Z, iters, method, **kwargs):
         W = apply(A, Z, iters, method, **kwargs)
@@ -129,7 +129,7 @@ def test_tf32_schedule_needs_its_float32_steps(expected, monkeypatch, force_plan
         errors.append(rel_err(W, ref))
         return W
 
-    monkeypatch.setattr(soft_attn, 'newton_pinv_apply', recording_apply)
+    monkeypatch.setattr(dispatch, 'newton_pinv_apply', recording_apply)  # the variants'
 
     def layer_errors():
         errors.clear()
