@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from .models.attention import (EXACT_PINV_METHODS, Inputs, gaussian_kernel, newton_alpha,
                                newton_pinv, newton_pinv_error, normalize_inverse, plan_for,
                                select_variant)
-from .models.attention.newton import ALPHA_BOUND, alpha_candidates, first_step_bound
+from .models.attention.step_size import ALPHA_BOUND, alpha_candidates, first_step_bound
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
@@ -183,7 +183,7 @@ def newton_boundary(model, x, iters=20, near=1.9):
         ``newton_alpha`` and the kernels (float64, of the kernel in the landmarks'
         dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
         another order of sums can decide the other way); ``first_step_bound``: the
-        largest bound on αλ² of any kernel from its row sums (``newton.first_step_bound``,
+        largest bound on αλ² of any kernel from its row sums (``step_size.first_step_bound``,
         O(m²): at most 1 proves every eigenvalue far from the step size's boundary 2).
     """
     out = {}

@@ -19,8 +19,8 @@ from mmsoft.models.attention import (KernelProducts, Products, newton_alpha, new
                                      register_kernel_products, register_variant)
 from mmsoft.models.attention.dispatch import TF32
 from mmsoft.models.attention.dtypes import is_compiling
-from mmsoft.models.attention.newton import (_NewtonPinvThin, check_pinv_options,
-                                            cuda_tf32_matmuls, first_step_bound)
+from mmsoft.models.attention.newton import _NewtonPinvThin, check_pinv_options, cuda_tf32_matmuls
+from mmsoft.models.attention.step_size import first_step_bound
 
 __all__ = [
     'FIRST_STEP_BOUND', 'FP16_PRODUCTS', 'Fp16Products', 'Fp16TF32', 'GuardedTF32',
@@ -37,7 +37,7 @@ def first_steps_needed(A, alpha, nonnegative=False):
     """Whether a kernel may need 'tf32''s first float32 steps: for each matrix of A
     (..., m, m), symmetric, with step α (``newton_alpha``, (..., 1, 1)), False where
     every eigenvalue λ of A is proven to have αλ² ≤ ``FIRST_STEP_BOUND``
-    (``newton.first_step_bound``).
+    (``step_size.first_step_bound``).
 
     TF32 rounding of the first step's operands moves αλ² by about 2^-10 of itself. That
     matters only near the boundary αλ² = 2 of the official step size (1 - αλ² ≈ -1),

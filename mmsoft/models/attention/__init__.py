@@ -11,7 +11,9 @@ SOFT (TPAMI paper Eq. 5, Alg. 2, Eq. 16, Eq. 25):
     ``normalize_inverse``    attention normalization D^-1/2 A⁺ D^-1/2
     ``soft_attention``       P·Â·(Pᵀ·V) computed as P·(Â·(Pᵀ·V))
     ``official_order_attention``  the official order (P·Â)·(Pᵀ·V): the reference
-    ``EXACT_PINV_METHODS``   the ways to compute the iterate (``newton.py``)
+    ``EXACT_PINV_METHODS``   the ways to compute the iterate (``newton.py``; 'spectral''s
+                             eigendecomposition in ``spectral.py``, the step size α
+                             ``newton_alpha`` in ``step_size.py``)
 
 Which way runs (``dispatch.py``, as SDPA chooses a backend): each ``Variant`` declares
 where it can run and why not (``not_supported_reasons``); ``select_variant`` takes the
@@ -38,13 +40,14 @@ from .dispatch import (KERNEL_PRODUCTS, VARIANTS, Inputs, KernelProducts, Varian
                        VariantNotSupported, register_kernel_products, register_variant,
                        select_variant)
 from .dtypes import compute_dtype, device_type
-from .newton import (EXACT_PINV_METHODS, Products, newton_alpha, newton_pinv, newton_pinv_apply,
+from .newton import (EXACT_PINV_METHODS, Products, newton_pinv, newton_pinv_apply,
                      newton_pinv_error, normalize_inverse, regularized_apply, round_tf32)
 from .plan import (DEFAULT_PLAN, PINV_METHODS, PLANS, AttentionPlan, attention_plan, pinv_methods,
                    plan_for, resolve_pinv_method)
 from .sima import sima_attention
 from .soft import (gaussian_kernel, kernel_attention, kernel_features, kernel_matmul,
                    official_order_attention, soft_attention)
+from .step_size import newton_alpha
 
 __all__ = [
     'DEFAULT_PLAN', 'EXACT_PINV_METHODS', 'KERNEL_PRODUCTS', 'PINV_METHODS', 'PLANS', 'VARIANTS',

@@ -21,7 +21,7 @@ def compute_dtype(t):
 
 def widest_dtype(t):
     """float64, or t's dtype on a device without float64 (Apple's MPS): the dtype of the
-    few decisions made on a threshold (``newton.newton_alpha``)."""
+    few decisions made on a threshold (``step_size.newton_alpha``)."""
     return t.dtype if t.device.type == 'mps' else torch.promote_types(t.dtype, torch.float64)
 
 

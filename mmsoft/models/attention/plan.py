@@ -172,7 +172,7 @@ class AttentionPlan:
 #   (batch 20, spectral vs the formed iterate): 10.6 / 7.1 ms, 18.3 / 15.7, 38.5 / 47.4,
 #   65.5 / 88.5, 166 / 323; at m = 1025 2.40 s vs 14.6 s. 'spectral' decomposes a float32
 #   kernel in float32 where a first-order error bound allows it, the Perron pair split
-#   off in float64 first (``newton._mixed_spectral_factors``): SOFT-S's forward at
+#   off in float64 first (``spectral._mixed_spectral_factors``): SOFT-S's forward at
 #   800×1344, float64 eigh 11.94 s, this 8.35 s (3 rounds alternated in one process);
 #   on near-rank-1 landmarks within 0.53 of the hard-kernel bound, as float64 eigh.
 # - cuda: 'iterative' up to 196 landmarks, 'tf32' above. NVIDIA H200, torch 2.11 + CUDA

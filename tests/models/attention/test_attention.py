@@ -494,7 +494,7 @@ def test_every_step_thin_misses_the_bound_near_the_boundary():
 
 def _float32_eigh_apply(A, Z, iters=20):
     """A⁺·Z through one float32 eigendecomposition alone (what 'spectral' does not do)."""
-    from mmsoft.models.attention.newton import _spectral_filter
+    from mmsoft.models.attention.spectral import _spectral_filter
     lam, U = torch.linalg.eigh(A)
     v = _spectral_filter(lam, newton_alpha(A, nonnegative=True), iters)
     return U @ (v.unsqueeze(-1) * (U.mT @ Z))
@@ -539,7 +539,7 @@ def test_filter_slope_is_the_derivative_of_the_filter():
     """The slope 'mixed''s error estimate reads, against central differences of the
     filter, across its regimes: linear (λ → 0, slope α·2^T), turning over, 1/λ, and near
     the step size's boundary αλ² = 2."""
-    from mmsoft.models.attention.newton import _filter_slope, _spectral_filter
+    from mmsoft.models.attention.spectral import _filter_slope, _spectral_filter
     alpha = torch.tensor([[0.5]], dtype=torch.float64)
     lam = torch.tensor([[1e-9, 1e-4, 1.4e-3, 1e-2, 0.5, 1.0, 1.9, 1.99999]],
                        dtype=torch.float64)

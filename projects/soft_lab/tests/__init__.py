@@ -1,0 +1,1 @@
+"""The lab's tests: `python -m pytest projects/soft_lab/tests` from the repository root."""
