@@ -82,10 +82,10 @@ setup(
     install_requires=['torch>=2.1'],  # the oldest tested: MMSOFT_STACK=oldest
     extras_require={
         'openmmlab': ['mmengine==0.10.7', 'mmdet==3.3.0', 'mmsegmentation==1.2.2',
-                      'mmpretrain==1.2.0', 'ftfy', 'regex'],
+                      'mmpretrain==1.2.0', 'ftfy', 'regex', 'threadpoolctl>=3.5'],
         'onedl': ['onedl-mmengine==0.10.12', 'onedl-mmdetection==3.5.1',
                   'onedl-mmsegmentation==1.4.2', 'onedl-mmpretrain==1.3.6', 'ftfy',
-                  'regex'],
+                  'regex', 'threadpoolctl>=3.5'],
     },
     package_data={'mmsoft': ['.mim/configs/**/*.py', '.mim/configs/**/*.yml',
                              '.mim/configs/**/*.md', '.mim/tools/**/*', '.mim/README.md',

@@ -7,7 +7,7 @@ from .fidelity import (FIDELITY_IMAGES, FLIP_TOL, GRADIENT_TOL, NATURAL_IMAGES,
                        gradient_deviations, output_bounds, output_deviations,
                        reference_gradients, reference_outputs)
 from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float64_iterate,
-                       hard_landmarks, hard_problem, kernel_bound,
+                       hard_landmarks, hard_problem, inference_only, kernel_bound,
                        official_float32_iterate,
                        pinv_accuracy, relative_deviation)
 from .profiling import NO_KERNEL_OPS, LaunchCounter
@@ -16,7 +16,7 @@ __all__ = [
     'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
     'HARD_KERNELS', 'KERNEL_BOUND', 'NATURAL_IMAGES', 'check_crop',
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
-    'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem',
+    'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem', 'inference_only',
     'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
     'output_deviations',
     'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'relative_deviation'

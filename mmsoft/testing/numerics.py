@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from ..models.attention import PLANS, gaussian_kernel, newton_alpha, newton_pinv_apply
+from ..models.attention.spectral import tridiagonal_apply
 
 __all__ = [
     'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
-    'hard_landmarks', 'hard_problem', 'kernel_bound', 'official_float32_iterate',
+    'hard_landmarks', 'hard_problem', 'inference_only', 'kernel_bound',
+    'official_float32_iterate',
     'pinv_accuracy', 'relative_deviation'
 ]
 
@@ -37,8 +39,16 @@ PINV_PATHS = {
     "tf32, CUDA's plan, last steps thin": dict(
         method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
         thin_steps=_CUDA.thin_steps),
+    # the variant 'tridiagonal' (``spectral.tridiagonal_apply``; inference only, SciPy)
+    'spectral, tridiagonal': dict(method='tridiagonal'),
 }
 PLAN_PATHS = tuple(PINV_PATHS)
+
+
+def inference_only(kwargs):
+    """Whether a path (``PINV_PATHS``) runs without gradients only: the tridiagonal
+    application."""
+    return kwargs['method'] == 'tridiagonal'
 
 
 def kernel_bound(floor):
@@ -129,16 +139,21 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
         per path, ``'<path> inference'`` (no gradient) and ``'<path> training'`` (the
-        path with gradients), each the deviation (inf where not finite).
+        path with gradients; none for the inference-only tridiagonal application), each
+        the deviation (inf where not finite).
     """
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))
     for name in paths:
         kwargs = PINV_PATHS[name]
-        for grad in (False, True):
+        for grad in ((False, ) if inference_only(kwargs) else (False, True)):
             with torch.set_grad_enabled(grad):
-                W = newton_pinv_apply(A.to(device, copy=True).requires_grad_(grad), Z.to(device),
-                                      nonnegative=True, **kwargs).detach().cpu()
+                a, z = A.to(device, copy=True).requires_grad_(grad), Z.to(device)
+                if kwargs['method'] == 'tridiagonal':
+                    W = tridiagonal_apply(a, z, 20, nonnegative=True)
+                else:
+                    W = newton_pinv_apply(a, z, nonnegative=True, **kwargs)
+                W = W.detach().cpu()
             dev = relative_deviation(W, ref) if torch.isfinite(W).all() else float('inf')
             out[f'{name} {"training" if grad else "inference"}'] = dev
     return out

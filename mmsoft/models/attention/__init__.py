@@ -19,7 +19,7 @@ Which way runs (``dispatch.py``, as SDPA chooses a backend): each ``Variant`` de
 where it can run and why not (``not_supported_reasons``); ``select_variant`` takes the
 first of the plan's list that can, and a forced one fails with its reasons.
     ``VARIANTS``             the inverse's variants: 'iterative' (the reference),
-                             'spectral', 'tf32', 'regularized'
+                             'spectral', 'tridiagonal', 'tf32', 'regularized'
     ``register_variant``     add one (packages outside the library: ``projects/``)
 
 Per device (``plan.py``), read once per SOFT layer's forward and passed down:

@@ -16,8 +16,8 @@ How it chooses (as PyTorch's SDPA picks a backend and xformers an operator):
   nothing falls back silently.
 
 ``select_variant`` is that rule; ``VARIANTS`` holds the variants of the library
-('iterative', 'spectral', 'tf32', and the fast mode 'regularized', which is not the
-iterate). A package outside the library (``projects/``) adds its own with
+('iterative', 'spectral', 'tridiagonal', 'tf32', and the fast mode 'regularized', which
+is not the iterate). A package outside the library (``projects/``) adds its own with
 ``register_variant``; mmsoft never imports it.
 
 P's products (``soft.py``) are dispatched the same way among ``KERNEL_PRODUCTS`` (the
@@ -31,6 +31,7 @@ import torch
 
 from .dtypes import is_compiling
 from .newton import newton_pinv_apply, regularized_apply
+from .spectral import tridiagonal_apply
 
 __all__ = [
     'Inputs', 'KERNEL_PRODUCTS', 'KernelProducts', 'VARIANTS', 'Variant', 'VariantNotSupported',
@@ -156,6 +157,23 @@ class Spectral(InverseVariant):
         return newton_pinv_apply(A, Z, iters, 'spectral', nonnegative=True)
 
 
+class Tridiagonal(InverseVariant):
+    """'spectral''s filter applied through A's tridiagonal form instead of its
+    eigenvectors (``spectral.tridiagonal_apply``: about half an eigendecomposition, then
+    banded solves on the thin matrix): inference on the CPU, float32, eager code; SciPy's
+    LAPACK (which torch does not expose)."""
+    name = 'tridiagonal'
+    devices = ('cpu', )
+    dtypes = (torch.float32, )
+    gradients = False
+    compilable = False
+    traceable = False
+    requires = ('scipy', )
+
+    def apply(self, A, Z, iters, plan):
+        return tridiagonal_apply(A, Z, iters, nonnegative=True)
+
+
 class TF32(InverseVariant):
     """The iterate with TF32 tensor-core products between float32 steps (the plan's
     ``tf32_float32_steps``), on A padded to ``pinv_pad``, the last ``thin_steps`` float32
@@ -195,7 +213,7 @@ def register_variant(variant, replace=False):
     return variant
 
 
-for _variant in (Iterative(), Spectral(), TF32(), Regularized()):
+for _variant in (Iterative(), Spectral(), Tridiagonal(), TF32(), Regularized()):
     register_variant(_variant)
 
 

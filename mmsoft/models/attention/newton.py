@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .dtypes import compute_dtype, device_type, is_compiling, new_tf32_flags
-from .spectral import _mixed_spectral_factors, _spectral_factors
+from .spectral import _mixed_spectral_factors, _spectral_factors, apply_factors
 from .step_size import newton_alpha
 
 __all__ = [
@@ -254,9 +254,7 @@ class _NewtonInverse:
     def apply(self, Z, transpose=False):
         """Y·Z (or Yᵀ·Z) for Z of shape (..., m, n), in Z's dtype."""
         if self.method == 'spectral':
-            U, v = self.factors  # Y is symmetric
-            W = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ Z.to(U.dtype)))
-            return W.to(Z.dtype)
+            return apply_factors(*self.factors, Z)  # Y is symmetric
         Y = self.factors[0]
         return (Y.transpose(-1, -2) if transpose else Y) @ Z
 

@@ -175,6 +175,21 @@ class AttentionPlan:
 #   off in float64 first (``spectral._mixed_spectral_factors``): SOFT-S's forward at
 #   800×1344, float64 eigh 11.94 s, this 8.35 s (3 rounds alternated in one process);
 #   on near-rank-1 landmarks within 0.53 of the hard-kernel bound, as float64 eigh.
+#   Above 448 landmarks, without gradients, 'tridiagonal' (the same filter through A's
+#   tridiagonal form, SciPy's LAPACK; with gradients, without SciPy, compiled or traced:
+#   'spectral'). SOFT-S's forward at 800×1344 on a 2-core AMD EPYC (AVX-512), medians of
+#   4 interleaved rounds (`benchmark.py --sections speed --models SOFT-S Swin-T --sizes
+#   800x1344 --repeat 1 --rounds 4 --skip-official --soft-plans spectral cpu`; the
+#   default and the `cpu` path run the same plan; docs/benchmark/
+#   cpu_tridiagonal_2026-12-02.json): this plan 8.179 s and 8.424 s (3.49× and 3.59×
+#   Swin-T's 2.345 s), 'spectral' through eigenvectors 10.944 s (4.67×). Below ~450
+#   landmarks eigh wins (2-core Xeon, AVX-512, docs/benchmark/
+#   cpu_spectral_inference_2026-11-29.json: 512×512, m = 256, 884.0 ms with eigh against
+#   1.074 s; m = 400 1.583 against 1.724 s): the kernels pay the tridiagonal form's fixed
+#   cost (nine banded solves through SciPy, two Householder applications, two Sturm
+#   counts in Python). The floor (`tools/analysis_tools/fidelity.py --paths spectral
+#   cpu`), worst map eigh / tridiagonal: 640×640 3.3e-6 / 3.7e-6 (7 images), 800×1344
+#   3.9e-6 / 4.5e-6 (astronaut, page, blank).
 # - cuda: 'iterative' up to 196 landmarks, 'tf32' above. NVIDIA H200, torch 2.11 + CUDA
 #   13 (docs/benchmark/cuda_h200/report.md), `--sections pinv --pinv-sizes 196 256 400
 #   1050 --pinv-pad 32` (batch 20): at m = 1050 'iterative' 47.0 ms, 'tf32' with 1+15+4
@@ -256,7 +271,8 @@ class AttentionPlan:
 #   3.5 ms vs 7.6 ms); 'channels' only in stage 2's training step at 800×1344 (0.7 vs
 #   0.9 ms).
 _PLANS = {
-    'cpu': AttentionPlan(pinv=((128, 'iterative'), (None, 'spectral'), (None, 'iterative')),
+    'cpu': AttentionPlan(pinv=((128, 'iterative'), (448, 'spectral'), (None, 'tridiagonal'),
+                               (None, 'spectral'), (None, 'iterative')),
                          kernel_chunk=2**20, kernel_once_up_to=2**24,
                          local_conv_layout='channels'),
     'cuda': AttentionPlan(pinv=((196, 'iterative'), (None, 'tf32'), (None, 'iterative')),

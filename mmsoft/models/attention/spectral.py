@@ -7,18 +7,34 @@ thin Z without forming Y. A float64 kernel is decomposed in float64; a float32 o
 float32 where a first-order error bound allows it, its Perron eigenpair split off in
 float64 first, and in float64 elsewhere (``_mixed_spectral_factors``). ``newton.py``
 keeps the factors (``_NewtonInverse``) and its autograd Functions apply them.
+
+Without gradients the same filter can be applied through A's tridiagonal form instead
+of its eigenvectors (``tridiagonal_apply``, the variant 'tridiagonal': about half an
+eigendecomposition, through SciPy's LAPACK; the CPU's plan above 448 landmarks).
 Shapes: ... leading batch dimensions, m landmarks.
 """
+import functools
+import math
+from contextlib import nullcontext
+
 import torch
+import torch.nn.functional as F
 
 from .step_size import newton_alpha
 
-__all__ = ['MIXED_ESTIMATE_LIMIT', 'PERRON_STEPS']
+__all__ = ['MIXED_ESTIMATE_LIMIT', 'PERRON_STEPS', 'RESOLVENT_NODES', 'TRIDIAGONAL_MIN_ITERS',
+           'apply_factors', 'resolvent_quadrature', 'tridiagonal_apply']
 
 # Power-iteration steps for the Perron eigenpair, and the largest first-order error
 # estimate a float32 decomposition may have (``_mixed_spectral_factors``).
 PERRON_STEPS = 12
 MIXED_ESTIMATE_LIMIT = 4e-4
+# The tridiagonal application: the contour nodes of its resolvent sum
+# (``resolvent_quadrature``), and the fewest steps T for which its filter
+# 1 - exp(-2^T·αλ²) stands for the iterate's 1 - (1 - αλ²)^(2^T) (they differ by at most
+# 0.27·2^-T: 2.6e-7 at T = 20; below, ``tridiagonal_apply`` takes the eigenvectors).
+RESOLVENT_NODES = 18
+TRIDIAGONAL_MIN_ITERS = 20
 
 
 def _spectral_filter(lam, alpha, iters):
@@ -171,3 +187,170 @@ def _mixed_factors_into(a, Ut, lam, v, iters, nonnegative):
     Ut[m] = x[:, 0] if split else 0
     v[:m] = v_lam
     v[m] = v_mu[0] if split else 0
+
+
+def apply_factors(U, v, Z):
+    """Y·Z for Y = U·diag(v)·Uᵀ (the factors of ``_spectral_factors`` or
+    ``_mixed_spectral_factors``; Y is symmetric), in Z's dtype."""
+    W = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ Z.to(U.dtype)))
+    return W.to(Z.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def resolvent_quadrature(nodes=RESOLVENT_NODES):
+    """Poles and weights of a rational approximation of φ(x) = (1 - e^(-x)) / x on x ≥ 0:
+    φ(x) ≈ 2·Re Σ_k w_k / (z_k + x), k < nodes / 2 (complex128 tensors z, w).
+
+    φ(x) = (1/2πi)·∮ e^z / (z·(z + x)) dz around z = 0 and z = -x (residues 1/x and
+    -e^(-x)/x). The sum is the midpoint rule on Talbot's cotangent contour
+    z(θ) = n·(-0.6122 + 0.5017·θ·cot(0.6407·θ) + 0.2645i·θ), θ ∈ (-π, π), with the
+    parameters of Trefethen, Weideman & Schmelzer (Talbot quadratures and rational
+    approximations, BIT 46, 2006); the nodes come in conjugate pairs, hence 2·Re over
+    the upper half. Relative error measured on x = 0 and 1e-12 ≤ x ≤ 1e12 (where φ is
+    1/x to rounding): 5.7e-9 at 18 nodes, ×~13 per node pair fewer
+    (tests/models/attention/test_attention.py). Every |z_k + x| ≥ 3.1: well conditioned.
+    """
+    h = 2 * math.pi / nodes
+    theta = (torch.arange(nodes // 2, dtype=torch.float64) + 0.5) * h
+    a, b, c, n = 0.6407, 0.5017, 0.2645, float(nodes)
+    cot = 1 / torch.tan(a * theta)
+    z = torch.complex(n * (-0.6122 + b * theta * cot), n * c * theta)
+    dz = torch.complex(n * b * (cot - a * theta * cot**2 - a * theta),
+                       torch.full_like(theta, n * c))  # z'(θ); 1 + cot² = 1/sin²
+    w = h / (2j * math.pi) * torch.exp(z) * dz / z
+    return z, w
+
+
+def tridiagonal_apply(A, Z, iters, nonnegative):
+    """Y·Z for the T-step iterate Y of a float32 symmetric A (..., m, m) and Z (..., m, n),
+    without eigenvectors (inference; needs SciPy): A = Q·T·Qᵀ with T tridiagonal
+    (LAPACK's sytrd: Householder reflectors, the cost of eigh's first half), and
+    Y·Z = Q·v(T)·Qᵀ·Z with v(λ) = (1 - e^(-sλ²)) / λ = sλ·φ(sλ²), s = α·2^T, from the
+    resolvents of the pentadiagonal sT² (``resolvent_quadrature``): one banded complex
+    solve per node pair, on the thin Qᵀ·Z. v is the iterate's filter (1 - (1 - αλ²)^(2^T))
+    / λ (``_spectral_filter``) within 0.27·2^-T for αλ² ≤ 1, hence
+    ``TRIDIAGONAL_MIN_ITERS``: with fewer steps the eigenvectors apply the filter. A is
+    a CPU tensor (SciPy's LAPACK), eager code, no gradients (the variant 'tridiagonal'
+    declares so, ``dispatch.py``).
+
+    As in ``_mixed_spectral_factors``, the Perron pair (μ, x) is split off in float64
+    first where it has converged, and T is of A - μ·x·xᵀ. A kernel whose first-order
+    error estimate (u·√m·||T||·max|v'| / max|v|, from bounds on T's spectrum: ||T||∞
+    above, T's largest diagonal entry below) exceeds ``MIXED_ESTIMATE_LIMIT``, or with
+    αλ² possibly above 1, goes through ``_mixed_spectral_factors`` instead. The float32
+    decomposition's error then enters only through T and the reflectors, not through
+    eigenvectors: on SOFT-S's kernels at 800×1344 it deviated 3e-6-4e-5 from the
+    float64 iterate where 'mixed' eigh deviated 8e-6-2.2e-4 (docs/en/notes/numerics.md).
+    """
+    if iters < TRIDIAGONAL_MIN_ITERS:
+        return apply_factors(*_mixed_spectral_factors(A, iters, nonnegative), Z)
+    m, n = A.shape[-1], Z.shape[-1]
+    out = torch.empty(*Z.shape, dtype=Z.dtype)
+    with _one_blas_thread():
+        for a, z, o in zip(A.reshape(-1, m, m), Z.reshape(-1, m, n), out.view(-1, m, n)):
+            w = _tridiagonal_apply_one(a, z, iters, nonnegative)
+            if w is None:
+                w = apply_factors(*_mixed_spectral_factors(a[None], iters, nonnegative),
+                                  z[None])[0]
+            o.copy_(w)
+    return out
+
+
+def _one_blas_thread():
+    """A context in which OpenBLAS (SciPy's LAPACK) runs on the calling thread, where
+    threadpoolctl (≥ 3.5, which finds SciPy's own OpenBLAS) is installed; else no change.
+
+    OpenBLAS keeps worker threads of its own beside torch's OpenMP threads, and they
+    spin for a while after each call. On a 2-core machine the workers that ``ssytrd``
+    left spinning took a core from the torch operators between the calls (the Perron
+    split and ``ormqr`` ran 1.4-2× slower), and the torch threads still spinning slowed
+    ``ssytrd``; on the calling thread it starts no worker. SOFT-S's 84 kernels at
+    800×1344 then took 5.4-7.4 s of a forward instead of 6.8-8.4 s
+    (docs/en/notes/per_device_plans.md). Other BLAS libraries (MKL, which torch may
+    use) are left as they are."""
+    controller = _openblas_controller()
+    return nullcontext() if controller is None else controller.limit(limits=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _openblas_controller():
+    """threadpoolctl's controller of the OpenBLAS libraries loaded once SciPy's LAPACK
+    is (made once: finding them takes ~1.5 ms), or None without threadpoolctl."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, for threadpoolctl to find)
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController().select(internal_api='openblas')
+
+
+def _tridiagonal_apply_one(a, z, iters, nonnegative):
+    """``tridiagonal_apply`` of one kernel a (m, m) and z (m, n); None where it defers
+    to ``_mixed_spectral_factors``."""
+    from scipy.linalg import lapack, solve_banded
+    u = torch.finfo(torch.float32).eps / 2
+    m = a.shape[-1]
+    a64, alpha, mu, x, split = _perron_split(a, nonnegative)
+    # symmetric: the row-major matrix is its own column-major transpose
+    lwork = int(lapack.ssytrd_lwork(m, lower=1)[0])
+    refl, d, e, tau, info = lapack.ssytrd(a64.float().numpy().T, lower=1, lwork=lwork,
+                                          overwrite_a=1)
+    if info:
+        return None
+    d, e = torch.from_numpy(d).double(), torch.from_numpy(e).double()
+    s = alpha.item() * 2.0**iters
+    # T's spectrum lies in [λ_min, ||T||∞] and reaches max(d) or above
+    norm = (d.abs() + F.pad(e.abs(), (1, 0)) + F.pad(e.abs(), (0, 1))).max().item()
+    if alpha.item() * norm**2 > 1:
+        return None
+    # v is unimodal on λ ≥ 0, largest at sλ² ≈ 1.26: an eigenvalue with 0.5 ≤ sλ² ≤ 3
+    # (Sturm counts) has v ≥ 0.55·√s; else one lies in [max(d), ||T||∞]
+    window = [(0.5 / s)**0.5, (3 / s)**0.5]
+    dl, el = d.tolist(), e.tolist()
+    if _eigenvalues_below(dl, el, window[1]) == _eigenvalues_below(dl, el, window[0]):
+        window = [d.max().item(), norm]
+    ends = _spectral_filter(torch.tensor(window, dtype=torch.float64), alpha, iters)
+    v_mu = _spectral_filter(mu[0], alpha, iters).item() if split else 0.0
+    peak = max(v_mu, ends.abs().min().item())
+    if peak <= 0 or u * m**0.5 * norm * s / peak > MIXED_ESTIMATE_LIMIT:  # max|v'| = s
+        return None
+    R = torch.from_numpy(refl)[1:, :-1]  # the reflectors, as geqrf stores them
+    tau = torch.from_numpy(tau)
+    y = z.clone()
+    y[1:] = torch.ormqr(R, tau, z[1:], left=True, transpose=True)  # Qᵀ·z
+    y = y.double()
+    ty = d[:, None] * y  # s·T·y
+    ty[:-1] += e[:, None] * y[1:]
+    ty[1:] += e[:, None] * y[:-1]
+    ty = (s * ty).numpy().astype(complex, order='F')
+    band = torch.zeros(5, m, dtype=torch.float64)  # s·T², LAPACK's band storage
+    band[2] = d**2
+    band[2, 1:] += e**2
+    band[2, :-1] += e**2
+    band[1, 1:] = band[3, :-1] = e * (d[:-1] + d[1:])
+    band[0, 2:] = band[4, :-2] = e[:-1] * e[1:]
+    band = (s * band).numpy().astype(complex)
+    diagonal = band[2].copy()
+    acc = 0
+    for zk, wk in zip(*(t.numpy() for t in resolvent_quadrature())):
+        band[2] = diagonal + zk
+        acc = acc + (wk * solve_banded((2, 2), band, ty, check_finite=False)).real
+    W = torch.from_numpy(2 * acc).to(z.dtype)
+    W[1:] = torch.ormqr(R, tau, W[1:].contiguous(), left=True, transpose=False)  # Q·
+    if split:
+        xf = x.to(z.dtype)
+        W += v_mu * (xf @ (xf.T @ z))
+    return W
+
+
+def _eigenvalues_below(d, e, sigma):
+    """How many eigenvalues of the symmetric tridiagonal T (diagonal d, off-diagonal e,
+    lists of floats) are below sigma: the negative pivots of T - σI's LDLᵀ (Sylvester's
+    law of inertia; a zero pivot is nudged to -tiny, as LAPACK's bisection does)."""
+    count, q, tiny = 0, 1.0, 1e-300
+    for i, di in enumerate(d):
+        q = di - sigma - (e[i - 1]**2 / q if i else 0.0)
+        if q == 0:
+            q = -tiny
+        count += q < 0
+    return count

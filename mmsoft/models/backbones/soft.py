@@ -245,11 +245,13 @@ class SOFT(Backbone):
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
             same result up to rounding: 'auto' (default) takes the first variant of the
             device's plan that can run (``mmsoft.models.attention.PLANS``, chosen by
-            measurements: on the CPU 'iterative' up to 128 landmarks and 'spectral'
-            above; on CUDA 'iterative' up to 196 and 'tf32' above); 'iterative' runs the
-            matrix iterations in float32 (the reference), 'spectral' evaluates them
-            through one eigendecomposition (CPU, CUDA), 'tf32' runs the middle steps with
-            TF32 tensor-core products between float32 steps (the plan's
+            measurements: on the CPU 'iterative' up to 128 landmarks, 'spectral' up to
+            448 and 'tridiagonal' above, 'spectral' with gradients; on CUDA 'iterative'
+            up to 196 and 'tf32' above); 'iterative' runs the matrix iterations in
+            float32 (the reference), 'spectral' evaluates them through one
+            eigendecomposition (CPU, CUDA), 'tridiagonal' applies the same filter through
+            the kernel's tridiagonal form (CPU inference, SciPy), 'tf32' runs the middle
+            steps with TF32 tensor-core products between float32 steps (the plan's
             ``tf32_float32_steps``; float32 only; emulated off CUDA). A variant forced
             where it cannot run raises with the reasons. 'regularized' is a fast mode
             that is *not* the iterate: a Tikhonov solve (A² + μI)⁻¹·A with

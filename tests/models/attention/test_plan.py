@@ -1,6 +1,7 @@
 """The attention plan (one immutable entry per device type, forced per block of code) and
 the dispatch that picks a variant for each call's inputs."""
 import dataclasses
+import importlib.util
 import threading
 
 import pytest
@@ -228,8 +229,9 @@ def test_each_device_lists_its_variants_in_order():
     """The order each device's plan tries, by landmark count, ending with the reference
     ('iterative', which runs on every input); the variant 'auto' takes for a float32
     kernel in eager code."""
-    assert [PLANS['cpu'].variants_for(m) for m in (128, 129)] == [
-        ('iterative', 'spectral'), ('spectral', 'iterative')]
+    assert [PLANS['cpu'].variants_for(m) for m in (128, 129, 449)] == [
+        ('iterative', 'spectral', 'tridiagonal'), ('spectral', 'tridiagonal', 'iterative'),
+        ('tridiagonal', 'spectral', 'iterative')]
     assert [PLANS['cuda'].variants_for(m) for m in (196, 197)] == [
         ('iterative', 'tf32'), ('tf32', 'iterative')]
     assert DEFAULT_PLAN.variants_for(10**4) == ('iterative', )
@@ -243,13 +245,17 @@ def test_each_device_lists_its_variants_in_order():
 def test_the_first_variant_that_can_run_wins():
     """Where a listed variant cannot run on a call's inputs the next one does: CUDA's
     'tf32' rounds float32 operands (a float64 kernel runs the float32 list's reference),
-    the CPU's 'spectral' reads values on the host (under torch.jit.trace, as the ONNX
-    export traces, the iterate runs)."""
+    the CPU's 'tridiagonal' computes no gradients and runs eagerly (with gradients or
+    under torch.compile 'spectral' runs), 'spectral' reads values on the host (under
+    torch.jit.trace, as the ONNX export traces, the iterate runs)."""
     cuda, cpu = PLANS['cuda'], PLANS['cpu']
     assert select_variant('auto', cuda, _inputs('cuda', m=1050)).name == 'tf32'
     assert select_variant('auto', cuda, _inputs('cuda', torch.float64, 1050)).name == 'iterative'
-    assert select_variant('auto', cpu, _inputs(m=1050)).name == 'spectral'
+    assert select_variant('auto', cpu, _inputs(m=400)).name == 'spectral'
+    assert select_variant('auto', cpu, _inputs(m=1050, grad=True)).name == 'spectral'
     assert select_variant('auto', cpu, _inputs(m=1050, compiling=True)).name == 'spectral'
+    if importlib.util.find_spec('scipy'):  # SciPy's LAPACK
+        assert select_variant('auto', cpu, _inputs(m=1050)).name == 'tridiagonal'
     assert select_variant('auto', cpu, _inputs(m=1050, tracing=True)).name == 'iterative'
     q = torch.randn(1, 1, 300, 8, dtype=torch.float64) * 0.3
     lm = torch.randn(1, 1, 150, 8, dtype=torch.float64) * 0.3
