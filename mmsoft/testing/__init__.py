@@ -10,7 +10,7 @@ from .numerics import (HARD_KERNELS, KERNEL_BOUND, PINV_PATHS, PLAN_PATHS, float
                        hard_landmarks, hard_problem, inference_only, kernel_bound,
                        official_float32_iterate,
                        pinv_accuracy, relative_deviation)
-from .profiling import NO_KERNEL_OPS, LaunchCounter
+from .profiling import NO_KERNEL_OPS, LaunchCounter, forbid_host_sync
 
 __all__ = [
     'FIDELITY_IMAGES', 'FLIP_TOL', 'GRADIENT_TOL', 'GradientDeviations', 'GradientReference',
@@ -18,6 +18,6 @@ __all__ = [
     'NO_KERNEL_OPS', 'OUTPUT_TOL', 'PINV_PATHS', 'PLAN_PATHS', 'fidelity_image',
     'float64_iterate', 'gradient_deviations', 'hard_landmarks', 'hard_problem', 'inference_only',
     'kernel_bound', 'LaunchCounter', 'official_float32_iterate', 'output_bounds',
-    'output_deviations',
+    'output_deviations', 'forbid_host_sync',
     'pinv_accuracy', 'reference_gradients', 'reference_outputs', 'relative_deviation'
 ]

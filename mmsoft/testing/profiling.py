@@ -5,12 +5,13 @@
 (``mmsoft.models.attention.plan``; tools/analysis_tools/benchmark.py, section launches).
 """
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ['LaunchCounter', 'MATMULS', 'NO_KERNEL_OPS']
+__all__ = ['LaunchCounter', 'MATMULS', 'NO_KERNEL_OPS', 'forbid_host_sync']
 
 # Operators that reach the backend but launch no kernel: allocation and metadata.
 NO_KERNEL_OPS = frozenset({'empty', 'empty_like', 'empty_strided', 'new_empty', 'detach',
@@ -77,3 +78,16 @@ class LaunchCounter(TorchDispatchMode):
                         for t in tree_flatten(out)[0]):
             self.transfers.append(name)
         return out
+
+
+@contextmanager
+def forbid_host_sync():
+    """Inside the block a CUDA call that synchronizes the host with the GPU raises
+    (``torch.cuda.set_sync_debug_mode('error')``), after the queue is drained; the mode is
+    restored after. CUDA only."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode('default')

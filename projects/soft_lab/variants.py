@@ -19,7 +19,8 @@ from mmsoft.models.attention import (KernelProducts, Products, newton_alpha, new
                                      register_kernel_products, register_variant)
 from mmsoft.models.attention.dispatch import TF32
 from mmsoft.models.attention.dtypes import is_compiling
-from mmsoft.models.attention.newton import _NewtonPinvThin, check_pinv_options, cuda_tf32_matmuls
+from mmsoft.models.attention.newton import (_NewtonPinvThin, check_pinv_options,
+                                            cuda_tf32_matmuls, horner_sum)
 from mmsoft.models.attention.step_size import first_step_bound
 
 __all__ = [
@@ -175,13 +176,7 @@ class Fp16Products(Products):
                 X, x_max = product(X, X, X, beta=2, alpha=-1, amaxes=(x_max, x_max))
             elif k + 1 < steps:
                 X = torch.add(X, X).sub_(_split_product(X, X))
-        if h:
-            R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
-            T = W
-            for _ in range(2**h - 1):
-                T = torch.baddbmm(W, R, T)
-            W = T
-        return W
+        return horner_sum(W, X, h, transpose)
 
 
 FP16_PRODUCTS = Fp16Products()

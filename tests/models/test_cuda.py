@@ -97,13 +97,10 @@ def test_soft_small_trains_on_cuda():
 def test_no_host_device_sync(kwargs):
     """Forward and training step of SOFT-S run without a synchronizing CUDA call (one
     raises in sync-debug 'error' mode): the host never waits for the GPU's queue."""
+    from mmsoft.testing import forbid_host_sync
     model = SOFT(arch='small', **kwargs).cuda()
     x = torch.randn(2, 3, 256, 320, device='cuda')
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode('error')
-    try:
+    with forbid_host_sync():
         with torch.no_grad():
             model.eval()(x)
         sum(o.mean() for o in model.train()(x)).backward()
-    finally:
-        torch.cuda.set_sync_debug_mode('default')

@@ -352,13 +352,21 @@ def _thin_apply(left, right, steps, W, h, transpose=False):
         W = torch.baddbmm(W, t(X), W, beta=2, alpha=-1)  # (2I - X_k)·W
         if k + 1 < steps:
             X = torch.baddbmm(X, X, X, beta=2, alpha=-1)
-    if h:
-        R = t(torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X)
-        T = W
-        for _ in range(2**h - 1):
-            T = torch.baddbmm(W, R, T)
-        W = T
-    return W
+    return horner_sum(W, X, h, transpose)
+
+
+def horner_sum(W, X, h, transpose=False):
+    """Σ_{j<2^h} R^j·W (Rᵀ where ``transpose``) with R = I - X, by Horner's rule:
+    W + R·(W + R·(···)), 2^h - 1 thin products; W itself for h = 0 (``_thin_apply``'s last
+    h steps). X: (b, m, m); W: (b, m, n)."""
+    if not h:
+        return W
+    R = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device) - X
+    R = R.transpose(-1, -2) if transpose else R
+    T = W
+    for _ in range(2**h - 1):
+        T = torch.baddbmm(W, R, T)
+    return T
 
 
 class Products:

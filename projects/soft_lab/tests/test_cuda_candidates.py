@@ -7,7 +7,7 @@ import torch
 import projects.soft_lab as lab
 from mmsoft.models import SOFT
 from mmsoft.models.attention import PLANS, attention_plan, newton, soft_attention
-from mmsoft.testing import relative_deviation
+from mmsoft.testing import forbid_host_sync, relative_deviation
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')]
@@ -75,12 +75,7 @@ def test_no_host_device_sync(name):
                                              (None, 'iterative')))
     model = SOFT(arch='small').cuda()
     x = torch.randn(2, 3, 256, 320, device='cuda')
-    with attention_plan(PLANS['cuda'], device='cuda', **choices):
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode('error')
-        try:
-            with torch.no_grad():
-                model.eval()(x)
-            sum(o.mean() for o in model.train()(x)).backward()
-        finally:
-            torch.cuda.set_sync_debug_mode('default')
+    with attention_plan(PLANS['cuda'], device='cuda', **choices), forbid_host_sync():
+        with torch.no_grad():
+            model.eval()(x)
+        sum(o.mean() for o in model.train()(x)).backward()
