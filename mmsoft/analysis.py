@@ -6,6 +6,8 @@ spectra sit against the iterate's convergence boundary, and the inverse's norms
 Every function works on a built backbone and an input batch and returns plain tensors /
 numbers (tools/analysis_tools/ draws them).
 """
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -19,10 +21,11 @@ from .models.backbones.xcit_sima import SimAAttention
 
 def _planned_pinv(A, iters):
     """The T-step iterate of A (``iters`` steps), formed by the library's method 'auto'
-    takes under the plan in force for A's device ('iterative' where that is another
+    takes under the plan in force for A's device in a training step, which forms it
+    (not 'tridiagonal', which only applies it; 'iterative' where that is another
     package's variant)."""
     plan = plan_for(A.device.type)
-    name = select_variant('auto', plan, Inputs.of(A)).name
+    name = select_variant('auto', plan, replace(Inputs.of(A), grad=True)).name
     return newton_pinv(A, iters, name if name in EXACT_PINV_METHODS else 'iterative',
                        tf32_float32_steps=plan.tf32_float32_steps, pad_to=plan.pinv_pad)
 

@@ -93,7 +93,6 @@ class Variant:
     traceable: bool = True  # runs under torch.jit.trace
     capturable: bool = True  # runs inside a CUDA graph capture
     requires: Tuple[str, ...] = ()  # modules it imports
-    exact: bool = True  # computes the paper's T-step iterate (up to rounding)
 
     def not_supported_reasons(self, inputs):
         """Why this variant cannot run on ``inputs`` (an ``Inputs``): [] where it can."""
@@ -193,7 +192,6 @@ class Regularized(InverseVariant):
     """Fast mode, not the iterate: a Tikhonov solve (A² + μI)⁻¹·A·Z with μ = 1/(α·2^T)
     (``newton.regularized_apply``)."""
     name = 'regularized'
-    exact = False
 
     def apply(self, A, Z, iters, plan):
         return regularized_apply(A, Z, iters)

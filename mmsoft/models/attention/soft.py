@@ -103,6 +103,13 @@ def _plan(q, plan):
     return plan_for(q.device.type)
 
 
+def _kernel_products(q, landmarks, plan):
+    """The first of the plan's ``kernel_products`` that can make P = κ(q, landmarks)
+    (``dispatch.select``)."""
+    return select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]), KERNEL_PRODUCTS,
+                  'kernel_products')
+
+
 class _Chunking(NamedTuple):
     """How P = κ(q, landmarks) is computed in row chunks (``_chunking``): ``count`` of
     them, each made by ``products`` (a ``dispatch.KernelProducts``)."""
@@ -124,8 +131,7 @@ def _chunking(q, landmarks, plan=None):
     (tests/models/backbones/test_soft.py).
     """
     plan = _plan(q, plan)
-    products = select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]),
-                      KERNEL_PRODUCTS, 'kernel_products')
+    products = _kernel_products(q, landmarks, plan)
     if is_compiling():
         return _Chunking(plan.compiled_kernel_chunks, products)
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
@@ -451,9 +457,7 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         fm = kernel_features(lm, right=True)
         fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
         fq = kernel_features(qc)
-        products = select(plan.kernel_products, Inputs.of(qc, m=lc.shape[-2]), KERNEL_PRODUCTS,
-                          'kernel_products')
-        P = products.form(_flat(fq), _flat(fl))  # computed once
+        P = _kernel_products(qc, lc, plan).form(_flat(fq), _flat(fl))  # computed once
         P = P.view(*qc.shape[:-1], lc.shape[-2])  # (..., N, m)
         A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
         W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize,
