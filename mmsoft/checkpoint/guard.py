@@ -34,13 +34,15 @@ import os
 import os.path as osp
 import sys
 import types
+import zipfile
 from collections import OrderedDict
 from tempfile import TemporaryDirectory
+from urllib.parse import urlparse
 
 import torch
 
-from .safe_load import (ALLOW_LIST, UntrustedCheckpointError, _refuse_unless_trusted,
-                        _warn_full_unpickling, _weights_only_first, load)
+from .safe_load import (UntrustedCheckpointError, _refuse_unless_trusted,
+                        _warn_full_unpickling, _weights_only_first, load, protection)
 
 __all__ = ['guard_mmengine', 'guard_mmengine_functions', 'SCHEMES', 'load_from_local',
            'load_from_http', 'load_from_pavi', 'load_from_ceph', 'load_from_torchvision',
@@ -72,10 +74,36 @@ def load_from_local(filename, map_location=None):
     return load(filename, map_location=map_location)
 
 
-def _load_url(url, model_dir, map_location, progress):
-    return _weights_only_first(url, lambda weights_only: torch.hub.load_state_dict_from_url(
-        url, model_dir=model_dir, map_location=map_location, progress=progress,
-        weights_only=weights_only))
+def _hub_file(url, model_dir=None, progress=True, check_hash=False, file_name=None):
+    """Where torch.hub keeps ``url`` (``<hub dir>/checkpoints`` unless ``model_dir``),
+    downloaded there first if it is not. A hub file that is a zip archive of one file (the
+    legacy hub format) is extracted beside it and that file returned."""
+    model_dir = model_dir or osp.join(torch.hub.get_dir(), 'checkpoints')
+    os.makedirs(model_dir, exist_ok=True)
+    file_name = file_name or osp.basename(urlparse(url).path)
+    cached = osp.join(model_dir, file_name)
+    if not osp.exists(cached):
+        hash_prefix = None
+        if check_hash:
+            match = torch.hub.HASH_REGEX.search(file_name)
+            hash_prefix = match.group(1) if match else None
+        torch.hub.download_url_to_file(url, cached, hash_prefix, progress=progress)
+    if zipfile.is_zipfile(cached):
+        with zipfile.ZipFile(cached) as archive:
+            members = archive.infolist()
+            if len(members) == 1 and not members[0].is_dir():
+                archive.extract(members[0], model_dir)
+                return osp.join(model_dir, members[0].filename)
+    return cached
+
+
+def _load_url(url, model_dir=None, map_location=None, progress=True, check_hash=False,
+              file_name=None):
+    """torch.hub's ``load_state_dict_from_url``, read by :func:`load`'s rules (trusted by
+    the URL): torch.hub's loader cannot take mmsoft's restricted unpickler."""
+    cached = _hub_file(url, model_dir, progress, check_hash, file_name)
+    return _weights_only_first(url, lambda protected: torch.load(
+        cached, map_location=map_location, **protection(protected)))
 
 
 def load_from_http(filename, map_location=None, model_dir=None, progress=None):
@@ -108,8 +136,8 @@ def load_from_pavi(filename, map_location=None):
     with TemporaryDirectory() as tmp_dir:
         downloaded = osp.join(tmp_dir, model.name)
         model.download(downloaded)
-        return _weights_only_first(filename, lambda weights_only: torch.load(
-            downloaded, map_location=map_location, weights_only=weights_only))
+        return _weights_only_first(filename, lambda protected: torch.load(
+            downloaded, map_location=map_location, **protection(protected)))
 
 
 def load_from_ceph(filename, map_location=None, backend='petrel'):
@@ -118,8 +146,8 @@ def load_from_ceph(filename, map_location=None, backend='petrel'):
     trusted by its name."""
     from mmengine.fileio import get_file_backend
     data = get_file_backend(filename, backend_args={'backend': backend}).get(filename)
-    return _weights_only_first(filename, lambda weights_only: torch.load(
-        io.BytesIO(data), map_location=map_location, weights_only=weights_only))
+    return _weights_only_first(filename, lambda protected: torch.load(
+        io.BytesIO(data), map_location=map_location, **protection(protected)))
 
 
 def load_from_torchvision(filename, map_location=None):
@@ -211,13 +239,18 @@ def _mmengine_torch_load(f, *args, **kwargs):
     return load(f, **kwargs)
 
 
-def _mmengine_load_url(original, url, *args, **kwargs):
+def _mmengine_load_url(original, url, model_dir=None, map_location=None, progress=True,
+                       check_hash=False, file_name=None, weights_only=None):
     """mmengine's ``load_url`` (torch.hub's, whose default is ``weights_only=False``),
-    reading with ``weights_only`` first."""
-    if kwargs.pop('weights_only', None) is False:
+    downloading as it does and reading by :func:`load`'s rules (:func:`_load_url`);
+    ``weights_only=False`` only for a trusted URL."""
+    if weights_only is False:
         _refuse_unless_trusted(url)
-    return _weights_only_first(url, lambda weights_only: original(
-        url, *args, weights_only=weights_only, **kwargs))
+        _warn_full_unpickling(url)
+        return original(url, model_dir=model_dir, map_location=map_location,
+                        progress=progress, check_hash=check_hash, file_name=file_name,
+                        weights_only=False)
+    return _load_url(url, model_dir, map_location, progress, check_hash, file_name)
 
 
 @contextlib.contextmanager
@@ -268,11 +301,8 @@ def guard_mmengine_functions():
 def guard_mmengine():
     """Route mmengine's checkpoint loading through :func:`load`: register mmsoft's loader
     for every scheme of ``CheckpointLoader`` (:data:`SCHEMES`) and guard mmengine's loader
-    functions called by name (:func:`guard_mmengine_functions`). Does nothing where torch
-    is older than 2.5 (no allow-list to scope, no ``weights_only`` default: mmengine
-    unpickles in full there, as :func:`load` does after a warning). Idempotent."""
-    if not ALLOW_LIST:
-        return
+    functions called by name (:func:`guard_mmengine_functions`). The same on every torch
+    (on torch < 2.5 :func:`load` reads with mmsoft's restricted unpickler). Idempotent."""
     from mmengine.runner import CheckpointLoader
     for prefixes, loader in SCHEMES:
         CheckpointLoader.register_scheme(prefixes, loader, force=True)

@@ -14,6 +14,11 @@ allowed ``_rebuild_from_type_v2`` calls whatever it is given). The name ``builti
 therefore resolves to :func:`history_buffer_statistic`, which returns
 ``HistoryBuffer.min/max/current/mean`` and refuses everything else.
 
+torch < 2.5 has no way to extend ``weights_only``'s list; there mmsoft reads with a
+restricted unpickler of its own instead (:mod:`mmsoft.checkpoint.restricted_pickle`,
+``torch.load``'s ``pickle_module``), which admits the same globals and refuses the rest
+with the same :class:`UntrustedCheckpointError`: every stack refuses what the others do.
+
 ``import mmsoft`` routes mmengine's checkpoint loading through :func:`load`
 (:func:`mmsoft.checkpoint.guard_mmengine`). mmengine loads URLs with ``weights_only=False``
 and onedl-mmengine retries a refused file with ``weights_only=False``; mmsoft refuses both
@@ -37,13 +42,14 @@ import numpy as np
 import torch
 
 __all__ = ['ALLOW_LIST', 'TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
-           'mmengine_checkpoint_globals', 'safe_globals', 'trust', 'is_trusted', 'load']
+           'history_buffer_table_kept', 'mmengine_checkpoint_globals', 'protection',
+           'safe_globals', 'trust', 'is_trusted', 'load']
 
 TRUSTED_ENV = 'MMSOFT_TRUSTED_CHECKPOINTS'
 # torch >= 2.5 lets the weights_only unpickler allow more (torch.serialization's
 # get/clear/add_safe_globals); older torch has its fixed list, which refuses mmengine's
-# and timm's checkpoints, so there mmsoft loads as mmengine does (full unpickling) and
-# warns once when a file needs it (:func:`_weights_only_first`).
+# and timm's checkpoints, so there mmsoft's restricted unpickler reads instead
+# (:func:`protection`).
 ALLOW_LIST = all(hasattr(torch.serialization, f) for f in (
     'get_safe_globals', 'clear_safe_globals', 'add_safe_globals'))
 HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
@@ -107,32 +113,18 @@ _allow_list_lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def safe_globals():
-    """Allow :func:`mmengine_checkpoint_globals` for ``torch.load(weights_only=True)`` in
-    the block. Any raw ``builtins.getattr`` allow-listed by others (onedl-mmengine adds
-    one around its own loads) is withdrawn for the block. A checkpoint that changes
-    ``HistoryBuffer``'s statistics table (shared by the whole process) is refused.
-
-    torch's allow-list is one for the whole process: blocks of several threads take turns
-    (a lock), but code that adds ``builtins.getattr`` from another thread while the block
-    runs, without this lock, would reach the load (mmengine's checkpoint module cannot:
-    :mod:`mmsoft.checkpoint.guard`)."""
+def history_buffer_table_kept():
+    """Refuse (``UnpicklingError``, after restoring it) a checkpoint read in the block
+    that changes ``HistoryBuffer``'s statistics table, which the whole process shares.
+    Unpickling a HistoryBuffer fills in its own four statistics (mmengine's
+    ``__setstate__``), also in a fresh process whose table is still empty: that is no
+    change. Blocks of several threads take turns."""
     from mmengine.logging import HistoryBuffer
-    serialization = torch.serialization
     with _allow_list_lock:
-        before = serialization.get_safe_globals()
         table = dict(HistoryBuffer._statistics_methods)
-        serialization.clear_safe_globals()
-        serialization.add_safe_globals(
-            [g for g in before if _global_name(g) != _GETATTR_NAME]
-            + mmengine_checkpoint_globals())
         try:
             yield
         finally:
-            serialization.clear_safe_globals()
-            serialization.add_safe_globals(before)
-            # Unpickling a HistoryBuffer fills in its own four statistics (mmengine's
-            # __setstate__), also in a fresh process whose table is still empty.
             expected = {name: getattr(HistoryBuffer, name)
                         for name in HISTORY_BUFFER_STATISTICS}
             expected.update(table)
@@ -144,6 +136,36 @@ def safe_globals():
             raise pickle.UnpicklingError(
                 'the checkpoint replaces statistics methods of mmengine\'s HistoryBuffer '
                 '(process-wide state); mmsoft restored them')
+
+
+@contextlib.contextmanager
+def safe_globals():
+    """Allow :func:`mmengine_checkpoint_globals` for ``torch.load(weights_only=True)`` in
+    the block (torch >= 2.5). Any raw ``builtins.getattr`` allow-listed by others
+    (onedl-mmengine adds one around its own loads) is withdrawn for the block. A
+    checkpoint that changes ``HistoryBuffer``'s statistics table (shared by the whole
+    process) is refused (:func:`history_buffer_table_kept`).
+
+    torch's allow-list is one for the whole process: blocks of several threads take turns
+    (a lock), but code that adds ``builtins.getattr`` from another thread while the block
+    runs, without this lock, would reach the load (mmengine's checkpoint module cannot:
+    :mod:`mmsoft.checkpoint.guard`)."""
+    if not ALLOW_LIST:
+        raise RuntimeError(f'torch {torch.__version__} has no weights_only allow-list '
+                           '(torch >= 2.5); mmsoft reads with its restricted unpickler '
+                           'there (mmsoft.checkpoint.protection)')
+    serialization = torch.serialization
+    with _allow_list_lock, history_buffer_table_kept():
+        before = serialization.get_safe_globals()
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(
+            [g for g in before if _global_name(g) != _GETATTR_NAME]
+            + mmengine_checkpoint_globals())
+        try:
+            yield
+        finally:
+            serialization.clear_safe_globals()
+            serialization.add_safe_globals(before)
 
 
 _trusted_lock = threading.Lock()
@@ -213,7 +235,8 @@ def _refusal(f, reason, asked_for_full_unpickling=False):
                    'allow that for a file nobody trusted.')
     msg.append('Full unpickling runs any code a crafted checkpoint contains, so mmsoft '
                'loads checkpoints with weights_only=True plus what mmengine and timm '
-               'checkpoints need.')
+               'checkpoints need (on torch < 2.5, with a restricted unpickler that admits '
+               'the same).')
     if name:
         key = _trust_key(name)
         msg.append(f'If you trust this file (you made it, or it comes from a source you '
@@ -244,38 +267,41 @@ def _warn_full_unpickling(f):
               level=30)
 
 
-_unprotected_warned = False
+def protection(protected):
+    """The ``torch.load`` arguments of a protected read (``protected``: torch's
+    ``weights_only``, or on torch < 2.5 mmsoft's restricted unpickler) or of full
+    unpickling."""
+    if not protected:
+        return {'weights_only': False}
+    if ALLOW_LIST:
+        return {'weights_only': True}
+    from . import restricted_pickle
+    return {'weights_only': False, 'pickle_module': restricted_pickle}
 
 
-def _warn_unprotected(source):
-    """torch < 2.5: the first file that needs more than torch's fixed list is unpickled in
-    full, as mmengine does there; say so once per process."""
-    global _unprotected_warned
-    if _unprotected_warned:
-        return
-    _unprotected_warned = True
-    import warnings
-    warnings.warn(
-        f'mmsoft: torch {torch.__version__} cannot allow what mmengine and timm checkpoints '
-        f'hold under weights_only (torch >= 2.5 can), so {os.fspath(source)!r} and later '
-        'such files are unpickled in full, as mmengine does with this torch: a crafted '
-        'file can run code. Load only checkpoints you trust, or use torch >= 2.5, where '
-        'mmsoft refuses files nobody trusted.', stacklevel=3)
+@contextlib.contextmanager
+def _protected_block():
+    """Around a protected read: :func:`safe_globals` where torch has an allow-list; on
+    torch < 2.5 the restricted unpickler needs no process-wide state, and only
+    HistoryBuffer's statistics table is checked (:func:`history_buffer_table_kept`)."""
+    if ALLOW_LIST:
+        with safe_globals():
+            yield
+    else:
+        with history_buffer_table_kept():
+            yield
 
 
 def _weights_only_first(source, call):
-    """``call(True)`` (weights_only) inside :func:`safe_globals`; what that refuses is
-    ``call(False)`` (full unpickling) only if ``source`` :func:`is_trusted`, else
-    :class:`UntrustedCheckpointError` says why and how to opt in. torch < 2.5
-    (no :data:`ALLOW_LIST`): full unpickling after one warning, as mmengine loads there."""
+    """``call(True)`` (a protected read: ``torch.load(**protection(True))``) inside
+    :func:`safe_globals`; what that refuses is ``call(False)`` (full unpickling) only if
+    ``source`` :func:`is_trusted`, else :class:`UntrustedCheckpointError` says why and how
+    to opt in."""
     try:
-        with safe_globals() if ALLOW_LIST else contextlib.nullcontext():
+        with _protected_block():
             return call(True)
     except pickle.UnpicklingError as err:
         if not is_trusted(source):
-            if not ALLOW_LIST:
-                _warn_unprotected(source)
-                return call(False)
             reason = _reason(err)
             raise UntrustedCheckpointError(_refusal(source, reason), source, reason) from err
     _warn_full_unpickling(source)
@@ -296,5 +322,5 @@ def load(f, map_location=None, **kwargs):
     """``torch.load(f, weights_only=True)`` with mmsoft's allow-list; what it refuses is
     unpickled in full only if :func:`is_trusted`, else :class:`UntrustedCheckpointError`
     (an ``UnpicklingError``) says why and how to opt in."""
-    return _weights_only_first(f, lambda weights_only: torch.load(
-        f, map_location=map_location, weights_only=weights_only, **kwargs))
+    return _weights_only_first(f, lambda protected: torch.load(
+        f, map_location=map_location, **protection(protected), **kwargs))

@@ -33,8 +33,9 @@ import mmsoft  # noqa: F401  (guards mmengine's checkpoint loading)
 from mmsoft import checkpoint as mmsoft_checkpoint
 
 ONEDL_MMENGINE = 'onedl-mmengine==0.10.12'
-# The refusals need torch >= 2.5's weights_only allow-list; with older torch mmsoft loads as
-# mmengine does (test_without_allow_list_files_load_in_full_after_one_warning).
+# Tests of torch's own allow-list (torch >= 2.5), which mmsoft scopes; with older torch
+# mmsoft reads with its restricted unpickler instead and refuses the same files (every
+# other test here runs on every torch).
 needs_allow_list = pytest.mark.skipif(
     not mmsoft_checkpoint.ALLOW_LIST,
     reason=f'torch {torch.__version__} has no weights_only allow-list (torch >= 2.5)')
@@ -259,7 +260,6 @@ DIRECT_ENTRIES = ['mmengine.load_from_local', 'mmengine.load_from_http']
 @pytest.mark.parametrize('zipfile', [True, False], ids=['zip', 'legacy'])
 @pytest.mark.parametrize('payload', list(PAYLOADS))
 @pytest.mark.parametrize('entry', ENTRIES + SCHEME_ENTRIES + DIRECT_ENTRIES)
-@needs_allow_list
 def test_crafted_checkpoint_runs_nothing(entry, payload, zipfile, tmp_path, request,
                                          monkeypatch):
     """Refused through every way mmsoft and mmengine load a checkpoint, with a message
@@ -288,7 +288,6 @@ def _fell_back(mmengine_log, capsys):
                for m in mmengine_log + [capsys.readouterr().out])
 
 
-@needs_allow_list
 def test_schemes_read_without_onedl_retry(tmp_path, mmengine_log, capsys):
     """Through CheckpointLoader a refused file is refused at once: onedl-mmengine's reader
     (and its weights_only=False retry) is not what reads it."""
@@ -301,7 +300,6 @@ def test_schemes_read_without_onedl_retry(tmp_path, mmengine_log, capsys):
     assert info.value.source == str(path) and not marker.exists()
 
 
-@needs_allow_list
 def test_every_scheme_of_mmengine_is_mmsofts():
     """Each prefix of CheckpointLoader's table (read, not changed) is served by mmsoft's
     loader: a scheme mmengine adds later fails here instead of loading unguarded."""
@@ -316,7 +314,6 @@ def test_every_scheme_of_mmengine_is_mmsofts():
         assert loader is ours.get(prefix), (prefix, loader)
 
 
-@needs_allow_list
 def test_onedl_retry_by_name_is_refused_with_the_first_reason(tmp_path, mmengine_log,
                                                              capsys):
     """mmengine's load_from_local called by name: onedl-mmengine retries the refused file
@@ -368,7 +365,6 @@ def test_raw_getattr_allowed_by_others_is_withdrawn(payload, tmp_path):
     assert not marker.exists()
 
 
-@needs_allow_list
 def test_history_buffer_statistics_table_is_not_replaced(tmp_path):
     """HistoryBuffer.__setstate__ writes the pickled ``statistics_methods`` into a table
     shared by the whole process; a checkpoint that changes it is refused and the table
@@ -418,7 +414,6 @@ def test_mmengine_module_adds_nothing_to_torchs_allow_list():
         torch.serialization.get_safe_globals
 
 
-@needs_allow_list
 def test_guard_is_idempotent_and_keeps_the_rest_of_torch():
     from mmengine.runner import checkpoint
     load_url = checkpoint.load_url
@@ -459,8 +454,6 @@ def test_runner_checkpoint_loads(runner_checkpoint, tmp_path, http_server, monke
     from mmengine.logging import HistoryBuffer
     os.link(runner_checkpoint, tmp_path / 'real.pth')  # served by http_server
     entries = ENTRIES[1:] + [e for e in SCHEME_ENTRIES + DIRECT_ENTRIES if e != 'mmcls_url']
-    if not mmsoft_checkpoint.ALLOW_LIST:  # mmengine's own s3 loader: needs petrel_client
-        entries.remove('s3')
     for entry in entries:
         path = tmp_path / 'real.pth'
         (tmp_path / entry).mkdir()
@@ -490,24 +483,47 @@ def test_runner_checkpoint_loads_in_a_fresh_process(runner_checkpoint):
     assert res.stdout.split()[-5:] == ['2', "['current',", "'max',", "'mean',", "'min']"]
 
 
-def test_without_allow_list_files_load_in_full_after_one_warning(runner_checkpoint,
-                                                                 timm_checkpoint):
+def test_restricted_unpickler_where_torch_has_no_allow_list(runner_checkpoint, timm_checkpoint,
+                                                           tmp_path):
     """torch < 2.5 (no weights_only allow-list: ALLOW_LIST False, forced here in a fresh
-    process on any torch): mmsoft loads as mmengine does there, a file that needs more
-    than torch's fixed list unpickled in full, and says so once per process."""
+    process on any torch): mmsoft's restricted unpickler reads mmengine's and timm's
+    checkpoints without a warning or a trust grant and refuses crafted files with the
+    same error as on newer torch; a harmless file outside the list names its global and
+    loads once trusted."""
+    crafted = [str(_crafted(tmp_path, payload, zipfile)[0])
+               for payload in PAYLOADS for zipfile in (True, False)]
     code = ('import sys, warnings, mmsoft.checkpoint as c\n'
             'from mmsoft.checkpoint import safe_load\n'
             'safe_load.ALLOW_LIST = False\n'
+            'assert c.protection(True)["pickle_module"].__name__.endswith("restricted_pickle")\n'
             'with warnings.catch_warnings(record=True) as seen:\n'
             '    warnings.simplefilter("always")\n'
             '    runner = c.load(sys.argv[1], map_location="cpu")\n'
             '    timm = c.load(sys.argv[2], map_location="cpu")\n'
-            'said = [str(w.message) for w in seen if "unpickled in full" in str(w.message)]\n'
-            'print(runner["meta"]["iter"], timm["args"].model, len(said), sys.argv[1] in said[0])')
-    res = subprocess.run([sys.executable, '-c', code, str(runner_checkpoint),
-                          str(timm_checkpoint)], capture_output=True, text=True, cwd=ROOT)
+            'print(runner["meta"]["iter"], runner["message_hub"]["log_scalars"]["train/loss"].mean() > 0,'
+            ' timm["args"].model, [str(w.message) for w in seen if "mmsoft" in str(w.message)])\n'
+            'try:\n'
+            '    c.load(sys.argv[3])\n'
+            'except c.UntrustedCheckpointError as err:\n'
+            '    print("fraction", "fractions.Fraction" in err.reason, c.TRUSTED_ENV in str(err))\n'
+            'with c.trust(sys.argv[3]):\n'
+            '    print("trusted", c.load(sys.argv[3])["meta"]["ratio"])\n'
+            'for f in sys.argv[4:]:\n'
+            '    try:\n'
+            '        c.load(f)\n'
+            '        print("loaded", f)\n'
+            '    except c.UntrustedCheckpointError as err:\n'
+            '        print("refused", bool(err.reason) and err.reason in str(err))\n')
+    res = subprocess.run([sys.executable, '-c', code,
+                          str(runner_checkpoint), str(timm_checkpoint),
+                          str(_benign_unlisted(tmp_path)), *crafted],
+                         capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split()[-4:] == ['2', 'xcit_tiny', '1', 'True']
+    said = [line for line in res.stdout.splitlines() if ' - mmengine - ' not in line]
+    assert said[-3 - len(crafted):] == [
+        '2 True xcit_tiny []', 'fraction True True', 'trusted 1/3'] + ['refused True'] * len(crafted), \
+        res.stdout + res.stderr[-2000:]
+    assert not list(tmp_path.glob('ran_*'))
 
 
 def test_timm_checkpoint_loads(timm_checkpoint, tmp_path, http_server):
@@ -545,7 +561,6 @@ def _benign_unlisted(tmp_path):
 
 
 @pytest.mark.parametrize('how', ['context', 'env'])
-@needs_allow_list
 def test_trusted_file_loads_in_full(how, tmp_path, monkeypatch, http_server):
     from mmengine.runner import CheckpointLoader, load_checkpoint
     path = _benign_unlisted(tmp_path)
@@ -580,7 +595,6 @@ def test_trust_needs_paths():
 
 
 @pytest.mark.parametrize('entry', ['pavi', 's3'])
-@needs_allow_list
 def test_remote_file_is_trusted_by_its_name(entry, tmp_path, monkeypatch):
     """A ``pavi://`` or ``s3://`` checkpoint is read from a temporary copy or from memory;
     the user trusts it by the name they load it with."""
@@ -618,7 +632,6 @@ def _hold_trust(path, entered, release):
         assert release.wait(30)
 
 
-@needs_allow_list
 def test_trust_holds_for_every_thread_while_its_block_is_open(tmp_path):
     """A trust() grant is process-wide, like MMSOFT_TRUSTED_CHECKPOINTS: a file trusted in
     one thread's open block loads in full in another thread; once the block closes it is
@@ -641,7 +654,6 @@ def test_trust_holds_for_every_thread_while_its_block_is_open(tmp_path):
     assert isinstance(result[0], mmsoft_checkpoint.UntrustedCheckpointError), result
 
 
-@needs_allow_list
 def test_overlapping_trust_blocks_of_two_threads(tmp_path):
     """Two threads trust the same file in blocks that overlap: it stays trusted until the
     last of them closes, whichever opened first."""
@@ -665,7 +677,6 @@ def test_overlapping_trust_blocks_of_two_threads(tmp_path):
     assert not mmsoft_checkpoint.is_trusted(path)
 
 
-@needs_allow_list
 def test_concurrent_refusals_stay_with_their_own_call(tmp_path):
     """Threads loading at the same time, some files refused and one trusted: each refusal
     names its own file and reason, nothing of another thread's; the trusted file loads."""
@@ -706,7 +717,6 @@ def _pip_offline(output):
 
 
 @pytest.mark.slow
-@needs_allow_list
 def test_onedl_mmengine_overlay(tmp_path):
     """This file's tests, run in a throwaway venv where onedl-mmengine 0.10.12 (from PyPI)
     shadows the installed mmengine and everything else comes from this venv."""
@@ -748,7 +758,6 @@ def test_onedl_mmengine_overlay(tmp_path):
           f'{time.time() - start - setup_s:.1f} s; {res.stdout.strip().splitlines()[-1]}')
 
 
-@needs_allow_list
 def test_missing_imagenet_weights_say_where_they_come_from(tmp_path):
     """A config's checkpoints/ file that is not there (no weights ship with mmsoft) names
     where to get it; a missing file elsewhere keeps mmengine's plain message."""
