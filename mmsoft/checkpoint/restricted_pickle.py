@@ -30,6 +30,7 @@ torch), so its speed does not matter.
 import _compat_pickle
 import functools
 import pickle
+import types
 
 __all__ = ['RefusedGlobal', 'Unpickler', 'load', 'allowed_globals']
 
@@ -70,13 +71,15 @@ def _allowed():
             add(*entry)
         else:
             add(entry)
-    classes = tuple(obj for obj in entries.values() if isinstance(obj, type))
-    return entries, {id(obj) for obj in entries.values()}, classes
+    return types.SimpleNamespace(
+        names=entries,  # full name -> object: what GLOBAL may resolve
+        ids={id(obj) for obj in entries.values()},  # what REDUCE / NEWOBJ may call
+        classes=tuple(obj for obj in entries.values() if isinstance(obj, type)))  # BUILD
 
 
 def allowed_globals():
     """``{full name: object}`` of what a checkpoint may reference."""
-    return dict(_allowed()[0])
+    return dict(_allowed().names)
 
 
 class Unpickler(pickle._Unpickler):
@@ -89,14 +92,14 @@ class Unpickler(pickle._Unpickler):
             elif module in _compat_pickle.IMPORT_MAPPING:
                 module = _compat_pickle.IMPORT_MAPPING[module]
         full = f'{module}.{name}'
-        entries = _allowed()[0]
+        entries = _allowed().names
         if full not in entries:
             raise RefusedGlobal(f'Unsupported global: GLOBAL {full} was not an allowed global '
                                 '(what mmengine, timm and the official releases write)')
         return entries[full]
 
     def _callable(self, func):
-        if id(func) not in _allowed()[1]:
+        if id(func) not in _allowed().ids:
             raise RefusedGlobal(f'the checkpoint calls {type(func).__name__} object '
                                 f'{func!r:.80}, which is not an allowed global')
         return func
@@ -118,7 +121,7 @@ class Unpickler(pickle._Unpickler):
 
     def load_build(self):
         inst = self.stack[-2]  # under the state
-        if isinstance(inst, type) or not isinstance(inst, _allowed()[2]):
+        if isinstance(inst, type) or not isinstance(inst, _allowed().classes):
             raise RefusedGlobal(f'the checkpoint sets the state of {type(inst).__name__} '
                                 f'object {inst!r:.80}, which is not an instance of an '
                                 'allowed class')

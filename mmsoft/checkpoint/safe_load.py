@@ -294,7 +294,7 @@ def _protected_block():
 
 def _weights_only_first(source, call):
     """``call(True)`` (a protected read: ``torch.load(**protection(True))``) inside
-    :func:`safe_globals`; what that refuses is ``call(False)`` (full unpickling) only if
+    :func:`_protected_block`; what that refuses is ``call(False)`` (full unpickling) only if
     ``source`` :func:`is_trusted`, else :class:`UntrustedCheckpointError` says why and how
     to opt in."""
     try:
