@@ -8,8 +8,11 @@ torch asks of one). Three rules, the same torch's own ``weights_only`` unpickler
    if its full name is in :func:`allowed_globals`; the name is checked before anything is
    imported, so a crafted file cannot even import a module. The list is what real
    checkpoints reference (read from the files, with ``pickletools``): torch's tensor and
-   parameter rebuilds, ``torch.Size`` and torch's dtypes, ``collections.OrderedDict``,
-   ``_codecs.encode`` (how protocol 2 spells bytes), and
+   parameter rebuilds, ``torch.Size``, ``torch.device`` and torch's dtypes,
+   ``collections.OrderedDict``, ``collections.Counter`` (mmengine's ``MultiStepLR`` keeps
+   its milestones in one), ``set``, ``bytearray``, ``complex``, ``_codecs.encode`` (how
+   protocol 2 spells bytes): the plain types torch >= 2.5's own list admits, so a file
+   loads on every torch alike; and
    what mmengine's ``save_checkpoint`` and timm's training checkpoints add
    (:func:`mmsoft.checkpoint.mmengine_checkpoint_globals`: numpy arrays, scalars and
    dtypes, mmengine's ``HistoryBuffer``, ``argparse.Namespace``, and ``builtins.getattr``
@@ -61,10 +64,14 @@ def _allowed():
         if hasattr(torch._utils, name):
             add(getattr(torch._utils, name), f'torch._utils.{name}')
     add(torch.Size, 'torch.Size')
+    add(torch.device, 'torch.device')
     for name in dir(torch):
         if isinstance(getattr(torch, name, None), torch.dtype):
             add(getattr(torch, name), f'torch.{name}')
     add(collections.OrderedDict, 'collections.OrderedDict')
+    add(collections.Counter, 'collections.Counter')
+    for plain in (set, bytearray, complex):
+        add(plain, f'builtins.{plain.__name__}')  # protocol 2: __builtin__.*, mapped
     add(codecs.encode, '_codecs.encode')  # bytes in protocol 2 (numpy scalars' data)
     for entry in mmengine_checkpoint_globals():
         if isinstance(entry, tuple):

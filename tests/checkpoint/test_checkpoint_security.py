@@ -142,6 +142,8 @@ def _runner(work_dir, **kwargs):
     return Runner(model=_Toy.build(), work_dir=str(work_dir),
                   experiment_name=f'sec_{uuid.uuid4().hex[:8]}', train_dataloader=data,
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+                  # as the detection configs: its state keeps the milestones in a Counter
+                  param_scheduler=dict(type='MultiStepLR', by_epoch=False, milestones=[1]),
                   train_cfg=dict(by_epoch=False, max_iters=2, val_interval=1000),
                   default_hooks=dict(checkpoint=None, logger=None), **kwargs)
 
@@ -430,7 +432,8 @@ def test_guard_is_idempotent_and_keeps_the_rest_of_torch():
 @pytest.fixture(scope='module')
 def runner_checkpoint(tmp_path_factory):
     """A checkpoint saved by mmengine's Runner after two iterations: message hub with
-    HistoryBuffers, numpy scalars in the runtime info and meta, optimizer state."""
+    HistoryBuffers, numpy scalars in the runtime info and meta, optimizer state, a
+    MultiStepLR scheduler's state (its milestones a collections.Counter)."""
     work_dir = tmp_path_factory.mktemp('runner')
     runner = _runner(work_dir)
     runner.train()
@@ -468,6 +471,7 @@ def test_runner_checkpoint_loads(runner_checkpoint, tmp_path, http_server, monke
             assert np.isfinite(hub['log_scalars']['train/loss'].mean())
             assert hub['runtime_info']['best_score'] == 0.5
             assert 'state' in loaded['optimizer']
+            assert dict(loaded['param_schedulers'][0]['milestones']) == {1: 1}
 
 
 def test_runner_checkpoint_loads_in_a_fresh_process(runner_checkpoint):

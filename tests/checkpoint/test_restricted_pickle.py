@@ -37,6 +37,19 @@ def test_allowed_globals_load():
     assert names['numpy.core.multiarray.scalar'] is names['numpy._core.multiarray.scalar']
 
 
+@pytest.mark.parametrize('protocol', [2, 4])
+def test_plain_types_torch_admits_load(protocol):
+    """The plain types torch >= 2.5's weights_only admits, as pickle writes them: a
+    Counter (mmengine's MultiStepLR milestones), a set, a bytearray, a complex, a device."""
+    import collections
+
+    import torch
+    value = {'milestones': collections.Counter({8: 1, 11: 1}), 'ids': {1, 2},
+             'raw': bytearray(b'ab'), 'z': 1 + 2j, 'device': torch.device('cpu')}
+    loaded = restricted_pickle.load(io.BytesIO(pickle.dumps(value, protocol=protocol)))
+    assert loaded == value and type(loaded['milestones']) is collections.Counter
+
+
 def test_unlisted_global_is_named_and_never_imported(tmp_path, monkeypatch):
     marker = tmp_path / 'imported'
     (tmp_path / 'mmsoft_side_effect.py').write_text(
