@@ -516,6 +516,117 @@ def wording_problems(md_path, text):
             for (line, kind), texts in sorted(found.items())]
 
 
+# ---------------------------------------------------------------- check 5: figures
+# README.md's generated table quotes benchmarks.md's figures: a README row -> the row
+# label of benchmarks.md's tables per device ('GPU' in a header is the H200's column).
+GLANCE_ROWS = {
+    'SOFT-S': {'H200': "SOFT-S default (`'auto'`)", 'CPU': "SOFT-S default (`'auto'`)"},
+    'SOFT-S, `landmark_grid=16`': {'H200': 'SOFT-S `landmark_grid=16`, `cuda_graphs=True`',
+                                   'CPU': 'SOFT-S `landmark_grid=16`'},
+    'XCiT-S12/16-SimA': {'H200': 'XCiT-SimA-S12/16', 'CPU': 'XCiT-SimA-S12/16'},
+}
+SIZE = '800×1344'
+
+
+def md_tables(text):
+    """[(header cells, [row cells, ...]), ...] of a Markdown text's tables (fenced code
+    blocks left out; inline code kept, row labels have it)."""
+    found, current, fenced = [], None, False
+    for line in text.splitlines():
+        if line.lstrip().startswith(('```', '~~~')):
+            fenced, current = not fenced, None
+            continue
+        if line.startswith('|') and not fenced:
+            cells = [c.strip() for c in line.strip().strip('|').split('|')]
+            if current is None:
+                current = (cells, [])
+                found.append(current)
+            elif not set(''.join(cells)) <= set('-: '):
+                current[1].append(cells)
+        else:
+            current = None
+    return found
+
+
+def figure_values(text, device, row_label, quantity):
+    """Every value benchmarks.md's tables give one figure: the ratio to Swin-T of
+    ``row_label``'s ``quantity`` ('forward', 'training step', 'peak memory') on
+    ``device`` at detection size."""
+    values = []
+    for header, rows in md_tables(text):
+        cols = []
+        for i, h in enumerate(header[:-1]):
+            after = header[i + 1].startswith('×')
+            if quantity == 'peak memory':
+                hit = h == 'peak memory' and f'{device} forward' in header
+            else:
+                hit = h.startswith(f'{device} {quantity}')
+            if hit and after:
+                cols.append(i + 1)
+        if quantity == 'forward' and f'{device} {SIZE}' in header:
+            cols += [i for i, h in enumerate(header) if h == f"× Swin-T's time @{SIZE}"]
+        values += [row[c] for row in rows if row and row[0] == row_label for c in cols
+                   if c < len(row)]
+    return values
+
+
+def figure_problems(readme_text, benchmarks_text):
+    """'README.md: ROW, COLUMN, DEVICE: ...' for every ratio README.md's table gives
+    that benchmarks.md gives with another value, with two values, or not at all."""
+    problems = []
+    for header, rows in md_tables(readme_text):
+        if 'backbone' not in header[0]:
+            continue
+        if not any("relative to Swin-T's" in h for h in header):
+            continue
+        checked = 0
+        for row in rows:
+            row_label = max((k for k in GLANCE_ROWS if row[0] == k or row[0].startswith(
+                k + ' ') or row[0].startswith(k + ',')), key=len, default=None)
+            if row_label is None:
+                continue
+            for h, cell in zip(header, row):
+                m = re.search(r"(forward time|training-step time|training-step peak memory) "
+                              r"relative to Swin-T's: (\w+) · (\w+)", h)
+                if not m:
+                    continue
+                quantity = {'forward time': 'forward', 'training-step time': 'training step',
+                            'training-step peak memory': 'peak memory'}[m.group(1)]
+                for device, value in zip(m.group(2, 3), cell.split(' · ')):
+                    checked += 1
+                    device = 'H200' if device == 'GPU' else device
+                    found = set(figure_values(benchmarks_text, device,
+                                              GLANCE_ROWS[row_label][device], quantity))
+                    where = f'README.md: {row[0]}, {h}, {device}'
+                    if value == 'unmeasured':
+                        if found:
+                            problems.append(f'{where}: "unmeasured", benchmarks.md gives '
+                                            f'{sorted(found)}')
+                    elif found != {value}:
+                        problems.append(f'{where}: {value}, benchmarks.md gives '
+                                        f'{sorted(found) or "nothing"}')
+        if checked < len(GLANCE_ROWS) * 6:  # 3 columns, 2 devices per row
+            problems.append(f'README.md: {checked} figures checked in its table, expected '
+                            f'{len(GLANCE_ROWS) * 6} (rows {list(GLANCE_ROWS)})')
+    return problems
+
+
+# The README, the benchmarks and the design notes say what is; the order of runs belongs
+# in the changelog.
+HISTORY_DOCS = ['README.md', 'docs/en/benchmarks.md'] + [
+    d for d in DOCS if d.startswith('docs/en/notes/') and not d.endswith('changelog.md')]
+HISTORY = re.compile(
+    r"\bsuperseded\b|\b(?:earlier|previous|former) (?:runs?|schedules?|plans?|"
+    r"measurements?)\b|\b(?:default|plan) then\b|\bthen the float32 iterate\b|"
+    r"\bmeasured (?:it |them )?before\b|\bnot (?:yet )?timed on a GPU yet\b", re.I)
+
+
+def history_problems(md_path, text):
+    prose = without_code(text)
+    return [f'{_rel(md_path)}:{line_of(prose, m.start())}: an account of runs: '
+            f'{m.group(0)!r}' for m in HISTORY.finditer(prose)]
+
+
 # ---------------------------------------------------------------- the docs
 
 
@@ -722,3 +833,39 @@ def test_developer_context_is_reported(tmp_path):
     lines = sorted(int(p.split(':')[1]) for p in problems)
     assert lines == [4, 5, 5, 7, 9], problems
     assert "'issue #12', '#13', '#14'" in problems[0]
+
+
+# ---------------------------------------------------------------- figures and history
+def test_readme_figures_are_benchmarks_figures():
+    """README.md's table and benchmarks.md give each figure one value."""
+    problems = figure_problems(_read('README.md'), _read('docs/en/benchmarks.md'))
+    assert not problems, '\n'.join(problems)
+
+
+def test_a_figure_with_two_values_is_reported():
+    readme, bench = _read('README.md'), _read('docs/en/benchmarks.md')
+    cell = re.search(r'^\| SOFT-S \|(?:[^|\n]*\|){3} (\d+\.\d+)×', readme, re.M)
+    assert cell, 'README.md has no SOFT-S row with a forward ratio'
+    altered = readme[:cell.start(1)] + '9.99' + readme[cell.end(1):]
+    problems = figure_problems(altered, bench)
+    assert len(problems) == 1 and '9.99×' in problems[0] and 'H200' in problems[0], problems
+    # the same figure given twice in benchmarks.md with two values
+    row = re.search(r"^\| SOFT-S default \(`'auto'`\) \| [^|]+ \| (\d+\.\d+)×", bench, re.M)
+    doubled = bench + '\n\n| backbone | H200 forward | × Swin-T\'s time |\n|---|---|---|\n' \
+        f"| SOFT-S default (`'auto'`) | 1 ms | 0.01× |\n"
+    assert row and figure_problems(readme, doubled)
+    # an unmeasured cell that benchmarks.md measures
+    unmeasured = readme.replace(f'| {cell.group(1)}×', '| unmeasured', 1)
+    assert any('"unmeasured"' in p for p in figure_problems(unmeasured, bench))
+
+
+@pytest.mark.parametrize('doc', HISTORY_DOCS)
+def test_no_account_of_runs(doc):
+    assert_no_problems(history_problems, doc)
+
+
+def test_an_account_of_runs_is_reported():
+    text = ("# T\n\nThe H100 measured CUDA's default then.\n\n```\nsuperseded in code\n```\n"
+            'Run B is superseded by run D.\n')
+    problems = history_problems(osp.join(ROOT, 'x.md'), text)
+    assert [p.split(': ', 1)[0] for p in problems] == ['x.md:3', 'x.md:8'], problems

@@ -54,8 +54,8 @@ def test_committed_docs_match_the_json(capsys):
     assert code == 0, capsys.readouterr().out
 
 
-@pytest.mark.parametrize('doc, name', [('benchmarks', 'forward-h100'),
-                                       ('benchmarks', 'detection-size'),
+@pytest.mark.parametrize('doc, name', [('benchmarks', 'forward-gpu'),
+                                       ('benchmarks', 'detection-size-cpu'),
                                        ('readme', 'glance')])
 def test_an_altered_number_fails_the_check(docs, capsys, doc, name):
     """(b) One number changed by hand in a copy of the docs: the check fails and names
@@ -82,15 +82,14 @@ def test_an_altered_number_fails_the_check(docs, capsys, doc, name):
 
 def test_a_changed_json_value_changes_the_cells(docs):
     """(c) A figure changed in the JSON reaches its cells: SOFT-S's H200 forward set to
-    3× Swin-T's in the speed section of CUDA's default run, XCiT-SimA's H100 forward to
-    3× Swin-T's, landmark_grid=16's CPU training peak to half of Swin-T's in run E's
-    memory section."""
+    3× Swin-T's in the run of today's plan, XCiT-SimA's H200 forward to 3× Swin-T's,
+    landmark_grid=16's CPU training peak to half of Swin-T's in the CPU memory run."""
     readme, bench, json_dir, args = docs
 
     def soft_h200(data):
         data['speed']['SOFT-S']['800x1344'] = 3 * data['speed']['Swin-T']['800x1344']
 
-    def xcit_h100(data):
+    def xcit_h200(data):
         data['speed']['XCiT-SimA-S12/16']['800x1344'] = 3 * data['speed']['Swin-T'][
             '800x1344']
 
@@ -98,77 +97,78 @@ def test_a_changed_json_value_changes_the_cells(docs):
         swin = data['memory']['Swin-T']['train']['peak_mb']
         data['memory']['SOFT-S [grid16]']['train']['peak_mb'] = swin / 2
 
-    edit_json(json_dir, 'cuda_h200/default.json', soft_h200)
-    edit_json(json_dir, 'cuda_h100/fp32.json', xcit_h100)
+    edit_json(json_dir, 'cuda_h200_2026-11-28/fp32.json', soft_h200)
+    edit_json(json_dir, 'cuda_h200/fp32.json', xcit_h200)
     edit_json(json_dir, 'cpu_memory_2026-11-29.json', grid16_cpu)
     before = readme_cells(readme.read_text(), 'SOFT-S')
     assert tables.main(args + ['--check']) == 1
     assert tables.main(args) == 0
     text = readme.read_text()
     soft = readme_cells(text, 'SOFT-S')
-    grid = readme_cells(text, 'SOFT-S, `landmark_grid=16` (fast mode, other outputs)')
-    time_col = next(h for h in soft if 'forward' in h)
+    xcit = readme_cells(text, 'XCiT-S12/16-SimA')
+    grid = next(l for l in region(text, 'glance').splitlines()
+                if l.startswith('| SOFT-S, `landmark_grid=16`'))
+    time_col = next(h for h in soft if h.startswith('forward'))
     mem_col = next(h for h in soft if 'memory' in h)
     assert soft[time_col].split(' · ')[0] == '3.00×'
     assert soft[time_col].split(' · ')[1] == before[time_col].split(' · ')[1]  # CPU kept
-    assert grid[mem_col].split(' · ')[1] == '0.50×'
-    forward_h200 = region(bench.read_text(), 'forward-h200')
-    assert re.search(r"\| SOFT-S `'auto'`, every step formed [^|]*\|[^\n]*\| 3\.00× \|\n",
-                     forward_h200)
-    assert "| 3.00× |" in region(bench.read_text(), 'detection-size')
+    assert xcit[time_col].split(' · ')[0] == '3.00×'
+    assert grid.split('|')[list(soft).index(mem_col) + 1].strip() == 'unmeasured · 0.50×'
+    assert re.search(r"\| SOFT-S default \(`'auto'`\) \| [^|]+ \| 3\.00× \|",
+                     region(bench.read_text(), 'default-gpu'))
     assert tables.main(args + ['--check']) == 0
 
 
-def test_figures_of_an_earlier_plan_are_not_todays_default(docs):
-    """The H100 measured SOFT-S's 'auto' when CUDA's plan was the float32 iterate: those
-    rows say so, and the figures of CUDA's default of today are not taken from them (an
-    H100 SOFT-S time changed in the JSON reaches its labelled row, not the README's
-    SOFT-S cells or the default's row at detection size)."""
+def test_figures_of_an_earlier_plan_are_left_out(docs):
+    """The runs that measured an earlier CUDA plan give no SOFT figure: SOFT-S's time
+    changed in such a run reaches no cell, its tables have no SOFT row, and where a table
+    asks for SOFT-S's default it says "unmeasured"; the lab's rows of the run of today's
+    plan ([plan ...]) are left out too."""
     readme, bench, json_dir, args = docs
 
-    def soft_h100(data):
+    def soft(data):
         data['speed']['SOFT-S']['800x1344'] = 3 * data['speed']['Swin-T']['800x1344']
 
-    edit_json(json_dir, 'cuda_h100/fp32.json', soft_h100)
-    before = readme.read_text()
+    edit_json(json_dir, 'cuda_h200/fp32.json', soft)
+    edit_json(json_dir, 'cuda_h100/fp32.json', soft)
+    before = (readme.read_text(), bench.read_text())
     assert tables.main(args) == 0
-    assert readme.read_text() == before
-    assert readme_cells(before, 'SOFT-S')[next(
-        h for h in readme_cells(before, 'SOFT-S') if 'memory' in h)].startswith('unmeasured')
-    forward_h100 = region(bench.read_text(), 'forward-h100')
-    assert re.search(r"\| SOFT-S `'auto'`, then the float32 iterate \|[^\n]*\| 3\.00× \|\n",
-                     forward_h100)
-    row = next(l for l in region(bench.read_text(), 'detection-size').splitlines()
-               if l.startswith("| SOFT-S default (`'auto'`) |"))
-    assert row.rstrip(' |').endswith('– | – | – | – | –')
+    assert (readme.read_text(), bench.read_text()) == before
+    text = bench.read_text()
+    assert 'SOFT' not in region(text, 'forward-gpu')
+    assert "| RetinaNet | SOFT-S default (`'auto'`) | unmeasured |" in region(
+        text, 'detector-h100')
+    assert "| SOFT-S default (`'auto'`) | unmeasured |" in region(text, 'autocast')
+    with open(json_dir / 'cuda_h200_2026-11-28/fp32.json') as f:
+        assert any('[plan ' in k for k in json.load(f)['speed'])  # the run has them
+    assert 'plan' not in region(text, 'default-gpu')
 
 
 def test_rows_follow_the_json(docs):
-    """A detector row the JSON gains (SOFT-S with landmark_grid=16) appears in the
-    detector table, named by LABELS, with its ratios to the same detector with Swin-T."""
+    """A detector row the JSON gains (SOFT-S with 'regularized') appears in the detector
+    table, named by LABELS, with its ratios to the same detector with Swin-T."""
     readme, bench, json_dir, args = docs
 
     def add_row(data):
         swin = data['detector']['RetinaNet Swin-T']
-        data['detector']['RetinaNet SOFT-S [grid16]'] = {
-            'train': 2 * swin['train'], 'test': 4 * swin['test'],
-            'train peak bytes': swin['train peak bytes'] * 0.75}
+        data['detector']['RetinaNet SOFT-S [regularized]'] = {
+            'train': 2 * swin['train'], 'test': 4 * swin['test']}
 
-    edit_json(json_dir, 'cuda_h100/detector.json', add_row)
+    edit_json(json_dir, 'cpu_detector_2026-11-29.json', add_row)
     assert tables.main(args) == 0
-    part = region(bench.read_text(), 'detector-h100')
-    row = next(l for l in part.splitlines() if '`landmark_grid=16`' in l)
+    part = region(bench.read_text(), 'detector-cpu')
+    row = next(l for l in part.splitlines() if "`pinv_method='regularized'`" in l)
     cells = [c.strip() for c in row.strip('|').split('|')]
-    assert cells[0] == 'RetinaNet' and cells[1] == 'SOFT-S `landmark_grid=16`'
-    assert (cells[3], cells[5], cells[7]) == ('2.00×', '4.00×', '0.75×')
+    assert cells[0] == 'RetinaNet' and cells[1] == "SOFT-S `pinv_method='regularized'`"
+    assert (cells[3], cells[5]) == ('2.00×', '4.00×')
     # the RetinaNet rows stay together, Swin-T last
     names = [l.split('|')[1:3] for l in part.splitlines() if l.startswith('| RetinaNet')]
-    assert [n[1].strip() for n in names][-1] == 'Swin-T' and len(names) == 3
+    assert [n[1].strip() for n in names][-1] == 'Swin-T' and len(names) == 4
 
 
 def test_a_missing_region_is_an_error(docs):
     readme, bench, _, args = docs
     text = bench.read_text()
-    bench.write_text(text.replace(MARKER.format('pinv'), '<!-- pinv -->'))
-    with pytest.raises(ValueError, match=r"missing: \['pinv'\]"):
+    bench.write_text(text.replace(MARKER.format('modes'), '<!-- modes -->'))
+    with pytest.raises(ValueError, match=r"missing: \['modes'\]"):
         tables.main(args + ['--check'])
