@@ -618,13 +618,30 @@ HISTORY_DOCS = ['README.md', 'docs/en/benchmarks.md'] + [
 HISTORY = re.compile(
     r"\bsuperseded\b|\b(?:earlier|previous|former) (?:runs?|schedules?|plans?|"
     r"measurements?)\b|\b(?:default|plan) then\b|\bthen the float32 iterate\b|"
-    r"\bmeasured (?:it |them )?before\b|\bnot (?:yet )?timed on a GPU yet\b", re.I)
+    r"\bmeasured (?:it |them )?before\b|\bnot (?:yet )?timed on a GPU yet\b|"
+    r"\bwas\s+\w+\s+until\b|\bat\s+(?:one|another|a\s+busier|a\s+quieter)\s+hour\b|"
+    r"\bbefore\s+the\s+(?:\S+\s+)?marker\b|\bran\s+past\s+its\b", re.I)
+# One figure, several values: a table cell that gives two test counts or two durations
+# ("714 passed ... 16.5 min (27.2 min at 636 tests ...)") tells a run's story.
+CELL_FIGURES = {'test counts': re.compile(r'\b\d+ (?:passed|tests)\b'),
+                'durations': re.compile(r'\b\d+(?:\.\d+)? (?:min|h)\b')}
 
 
 def history_problems(md_path, text):
+    """An account of runs in ``text``: a phrase of one (HISTORY), or a table cell that
+    gives one figure several values (CELL_FIGURES)."""
     prose = without_code(text)
-    return [f'{_rel(md_path)}:{line_of(prose, m.start())}: an account of runs: '
-            f'{m.group(0)!r}' for m in HISTORY.finditer(prose)]
+    problems = [f'{_rel(md_path)}:{line_of(prose, m.start())}: an account of runs: '
+                f'{m.group(0)!r}' for m in HISTORY.finditer(prose)]
+    for header, rows in md_tables(text):
+        for row in rows:
+            for h, cell in zip(header, row):
+                for what, pattern in CELL_FIGURES.items():
+                    found = pattern.findall(cell)
+                    if len(found) > 1:
+                        problems.append(f'{_rel(md_path)}: table row {row[0]!r}, column '
+                                        f'{h!r}: {len(found)} {what} in one cell {found}')
+    return problems
 
 
 # ---------------------------------------------------------------- the docs
@@ -869,3 +886,20 @@ def test_an_account_of_runs_is_reported():
             'Run B is superseded by run D.\n')
     problems = history_problems(osp.join(ROOT, 'x.md'), text)
     assert [p.split(': ', 1)[0] for p in problems] == ['x.md:3', 'x.md:8'], problems
+
+
+def test_a_figure_with_several_values_in_a_cell_is_reported():
+    """A table cell with one count and one time passes; a cell that adds an earlier
+    run's count or time, or prose that dates a marker's history, is reported."""
+    table = ('| command | result | time |\n|---|---|---|\n'
+             '| `a` | 12 passed | 3.5 min |\n'
+             '| `b` | 12 passed | 3.5 min (4.1 min at 10 tests) |\n'
+             '| `c` | 12 passed, 14 passed | 1 h |\n')
+    problems = history_problems(osp.join(ROOT, 'x.md'), '# T\n\n' + table)
+    assert [p.split(': ', 2)[1].split(',')[0] for p in problems] == [
+        "table row '`b`'", "table row '`c`'"], problems
+    prose = ('# T\n\nThe test was `slow`\nonce, was quick until the change, and CI ran past'
+             ' its limit before the `x`\nmarker.\n')
+    problems = history_problems(osp.join(ROOT, 'x.md'), prose)
+    assert [p.split(': ', 2)[2] for p in problems] == [
+        "'was quick until'", "'ran past its'", "'before the    \\nmarker'"], problems

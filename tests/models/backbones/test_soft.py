@@ -522,7 +522,8 @@ def test_traces_into_one_graph(mode):
         assert rel_err(grad, ref_grad) < 1e-5
 
 
-@needs_one_graph_dynamo  # Dynamo traces the training forward twice: ~35 s on 2 CPU cores
+@needs_one_graph_dynamo
+@pytest.mark.slow  # Dynamo traces the training forward twice: 56 s on 2 CPU cores, 68 s on one
 def test_training_graph_holds_across_image_sizes(force_plan):
     """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
     first size, torch.compile traces one graph with dynamic sizes, and that graph must
