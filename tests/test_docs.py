@@ -615,10 +615,11 @@ def figure_problems(readme_text, benchmarks_text):
 # in the changelog.
 HISTORY_DOCS = ['README.md', 'docs/en/benchmarks.md'] + [
     d for d in DOCS if d.startswith('docs/en/notes/') and not d.endswith('changelog.md')]
+# The phrases' words with any whitespace between them: a phrase may wrap a line.
 HISTORY = re.compile(
-    r"\bsuperseded\b|\b(?:earlier|previous|former) (?:runs?|schedules?|plans?|"
-    r"measurements?)\b|\b(?:default|plan) then\b|\bthen the float32 iterate\b|"
-    r"\bmeasured (?:it |them )?before\b|\bnot (?:yet )?timed on a GPU yet\b|"
+    r"\bsuperseded\b|\b(?:earlier|previous|former)\s+(?:runs?|schedules?|plans?|"
+    r"measurements?)\b|\b(?:default|plan)\s+then\b|\bthen\s+the\s+float32\s+iterate\b|"
+    r"\bmeasured\s+(?:it\s+|them\s+)?before\b|\bnot\s+(?:yet\s+)?timed\s+on\s+a\s+GPU\s+yet\b|"
     r"\bwas\s+\w+\s+until\b|\bat\s+(?:one|another|a\s+busier|a\s+quieter)\s+hour\b|"
     r"\bbefore\s+the\s+(?:\S+\s+)?marker\b|\bran\s+past\s+its\b", re.I)
 # One figure, several values: a table cell that gives two test counts or two durations

@@ -523,7 +523,7 @@ def test_traces_into_one_graph(mode):
 
 
 @needs_one_graph_dynamo
-@pytest.mark.slow  # Dynamo traces the training forward twice: 56 s on 2 CPU cores, 68 s on one
+@pytest.mark.slow  # Dynamo traces the training forward twice: 56 s on 2 CPU cores, 68 s with one thread
 def test_training_graph_holds_across_image_sizes(force_plan):
     """A detector trains on many image sizes (mmdet pads to multiples of 32). After the
     first size, torch.compile traces one graph with dynamic sizes, and that graph must
