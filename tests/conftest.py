@@ -128,10 +128,11 @@ def _seed():
 
 
 # Modules whose tests compare floats computed along different paths (the attention math,
-# the backbones against the official outputs): marked ``numerics``, and CI runs them a
-# second time with one thread and no SIMD kernels (OMP_NUM_THREADS=1,
-# ATEN_CPU_CAPABILITY=default), so that a tolerance resting on one machine's order of
-# sums fails there, not on a user's machine.
+# the backbones against the official outputs): marked ``numerics``. The whole suite runs
+# them on one thread per test process with SIMD kernels, and CI a second time in one
+# process on two threads without them (OMP_NUM_THREADS=2, ATEN_CPU_CAPABILITY=default), so
+# that a tolerance resting on one machine's order of sums fails there, not on a user's
+# machine.
 NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_fidelity.py',
                     'test_xcit_sima.py', 'test_fixtures.py')
 
@@ -139,10 +140,10 @@ NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_f
 # The tests that go through the OpenMMLab packages' own machinery (registry, configs, the
 # runner, checkpoint loading through mmengine's initializers, the tools, the set-up):
 # marked ``openmmlab``. The OneDL stack differs from the default one in those packages
-# only (the same torch), so CI runs these there; the attention math, the fidelity floor,
-# the backbones' sizes and precisions, the docs' checks and the tools that time or report
-# mmsoft's torch code run once per torch. A test elsewhere that builds a model through
-# mmdet or mmseg carries the marker itself.
+# only (the same torch), so CI runs these there; the attention math, the fidelity floor
+# and the backbones' sizes and precisions run once per torch, the docs' checks and the
+# tools that time or report mmsoft's torch code once (docs/en/notes/tests.md, "CI"). A
+# test elsewhere that builds a model through mmdet or mmseg carries the marker itself.
 OPENMMLAB_DIRS = ('apis', 'checkpoint', 'configs', 'e2e', 'scripts', 'tools')
 OPENMMLAB_MODULES = ('test_registry.py', 'test_soft.py', 'test_xcit_sima.py')
 NOT_OPENMMLAB_MODULES = ('test_benchmark.py', 'test_benchmark_tables.py',
@@ -156,7 +157,58 @@ def _goes_through_openmmlab(path):
     return folder in OPENMMLAB_DIRS and path.name not in NOT_OPENMMLAB_MODULES
 
 
+def _memoized(module, name, key=lambda *args, **kwargs: args if not kwargs else None):
+    """``module.name`` replaced by a memo of its results for the calls ``key`` names
+    (None: not memoized)."""
+    original = getattr(module, name, None)
+    if original is None or hasattr(original, 'results'):
+        return
+    results = {}
+
+    def memo(*args, **kwargs):
+        k = key(*args, **kwargs)
+        if k is None:
+            return original(*args, **kwargs)
+        if k not in results:
+            results[k] = original(*args, **kwargs)
+        return results[k]
+
+    memo.results = results
+    setattr(module, name, memo)
+
+
+def _read_installed_packages_once():
+    """Reading a config, mmengine asks whether each package a base config names is
+    installed (re-importing pkg_resources each time: 35 ms) and resolves an experiment
+    config of another package (``mmdet::atss/atss_r50_fpn_1x_coco.py``) by parsing every
+    metafile that package lists (about 400 YAML files for mmdet: 0.3 s) at each such
+    name. The suite reads the shipped configs hundreds of times: within a run each answer
+    and each file is read once (the installed packages do not change while the tests run,
+    and mmengine only reads the parsed files)."""
+    try:
+        from mmengine.config import config, utils
+    except ImportError:
+        return
+    _memoized(config, 'is_installed')
+    _memoized(utils, 'load', lambda file, *args, **kwargs: file if (
+        not args and not kwargs and isinstance(file, str) and file.endswith('.yml')) else None)
+
+
+def _one_thread_per_worker():
+    """In a run with several test processes (pytest-xdist's workers: scripts/run_tests.sh
+    starts one per CPU core), each process and those its tests start compute on one
+    thread, unless OMP_NUM_THREADS says otherwise: two processes of two threads each on
+    two cores wait for each other's threads (torch's runs took up to 20x longer so)."""
+    if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) < 2:
+        return
+    if 'OMP_NUM_THREADS' not in os.environ:
+        os.environ['OMP_NUM_THREADS'] = os.environ.setdefault('MKL_NUM_THREADS', '1')
+    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+
+
 def pytest_configure(config):
+    _read_installed_packages_once()
+    _one_thread_per_worker()
     config.addinivalue_line('markers', 'slow: end-to-end tests that train a model, and '
                             'tests that take a minute or more')
     config.addinivalue_line('markers', 'openmmlab: goes through the OpenMMLab packages '
@@ -166,12 +218,30 @@ def pytest_configure(config):
                             '(run again in another numeric configuration by CI)')
 
 
+# The modules that take longest (a few minutes each in the whole suite: the end-to-end
+# runs, the fidelity sweep, the large inputs), first: the workers of a parallel run
+# (scripts/run_tests.sh) take a module at a time in this order, and a long module taken
+# last would leave one worker running alone at the end.
+LONGEST_FIRST = ('tests/e2e/test_pipelines.py', 'tests/models/backbones/test_fidelity.py',
+                 'tests/models/backbones/test_robustness.py', 'tests/tools/test_benchmark.py',
+                 'tests/configs/test_configs.py', 'tests/e2e/test_distributed.py',
+                 'tests/models/backbones/test_soft.py', 'tests/tools/test_environment.py',
+                 'tests/tools/test_train_test_tools.py',
+                 'tests/checkpoint/test_checkpoint_security.py')
+
+
+def _longest_first(item):
+    module = osp.relpath(item.path, ROOT).replace(os.sep, '/')
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
         if _goes_through_openmmlab(item.path):
             item.add_marker(pytest.mark.openmmlab)
+    items.sort(key=_longest_first)  # stable: each module's tests keep their order
 
 
 # The tiny archs of the parity fixtures (tests/data/README.md, tests/data/*_public_*.pth).
@@ -198,11 +268,16 @@ def _mmengine_collected(keep):
     them)."""
     import logging
 
+    import uuid
+
     from mmengine.logging import MMLogger
     kept = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = lambda record: kept.append(keep(record))
-    logger = MMLogger.get_current_instance()
+    # a current logger of the test's own, as a new process has: a Runner made by an
+    # earlier test in this process leaves its logger current, with a file handler that
+    # mmengine writes some records to instead (the init log of init_weights())
+    logger = MMLogger.get_instance(f'mmsoft-test-{uuid.uuid4().hex}')
     logger.addHandler(handler)
     try:
         yield logger, kept
