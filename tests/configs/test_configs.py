@@ -1,6 +1,10 @@
-"""Every shipped config builds, initializes, trains one step, predicts, and has the
-parameter count of the paper it reproduces; no block of settings is typed in two configs."""
+"""Every shipped config builds, initializes and has the parameter count of the paper it
+reproduces; one config of each family (a detector, segmentor or classifier head with a
+backbone family) trains one step and predicts, and every other one's backbone feeds its
+neck (or head) in a forward and backward pass; no block of settings is typed in two
+configs."""
 import collections
+import functools
 import glob
 import os.path as osp
 import re
@@ -80,20 +84,98 @@ def cls_batch(num_classes, h=96, w=96):
     return dict(inputs=inputs, data_samples=samples)
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=config_id)
-def test_config_builds_trains_and_predicts(path):
+# One config per family trains a step and predicts: each head type of each codebase with
+# each backbone family, the smallest model of it. The other configs of a family differ
+# from it in the backbone's arch and the neck's input widths, which
+# test_config_builds_and_feeds_its_neck checks, and in the data pipeline and the
+# schedule, which a training step on random inputs does not read. The grid16 configs are
+# their paper sibling with
+# landmark_grid=16, which bounds the landmarks only above 16 per side, far beyond these
+# inputs (test_grid16_bounds_only_the_landmarks).
+STEP_CONFIGS = [osp.join(ROOT, 'configs', p) for p in (
+    '_mini_/retinanet_soft-t_fpn_mini-coco.py',
+    '_mini_/upernet_soft-t_mini-ade.py',
+    'mmpretrain/soft-tiny_8xb128_in1k.py',
+    'mmpretrain/xcit-sima-s12-p16_8xb128_in1k.py',
+    'soft/atss_soft-s_fpn_1x_coco.py',
+    'soft/cascade-mask-rcnn_soft-s_fpn_ms-3x_coco.py',
+    'soft/gfl_soft-s_fpn_ms-2x_coco.py',
+    'soft/mask-rcnn_soft-t_fpn_1x_coco.py',
+    'soft/retinanet_soft-t_fpn_1x_coco.py',
+    'soft/sparse-rcnn_soft-s_fpn_300-proposals_crop-ms-480-800-3x_coco.py',
+    'soft/upernet_soft-s_8xb2-160k_ade20k-512x512.py',
+    'xcit_sima/mask-rcnn_xcit-sima-t12-p16_fpn_ms-crop-3x_coco.py',
+    'xcit_sima/upernet_xcit-sima-s12-p16_8xb2-160k_ade20k-512x512.py',
+)]
+
+
+@functools.lru_cache(maxsize=None)
+def family(path):
+    """(codebase, detector / segmentor / classifier type, head type, backbone type)."""
+    cfg = Config.fromfile(path)
+    model = cfg.model
+    head = (model.get('roi_head') or model.get('bbox_head') or model.get('decode_head')
+            or model.get('head'))
+    return cfg.default_scope, model.type, head.type, model.backbone.type
+
+
+def test_one_config_of_each_family_trains():
+    assert set(STEP_CONFIGS) <= set(CONFIGS)
+    families = {family(p) for p in CONFIGS}
+    assert {family(p) for p in STEP_CONFIGS} == families
+    assert len(STEP_CONFIGS) - 2 == len(families)  # the two mini configs: a family's again
+
+
+def unused_parameters(model):
+    return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def built(path):
+    """The config and its model, built as the tools build it; what the config says of
+    itself checked: mmsoft imported, the ImageNet checkpoint, the paper's parameter count
+    (within 2 %)."""
     cfg = Config.fromfile(path)
     assert cfg.custom_imports == dict(imports=['mmsoft'], allow_failed_imports=False)
     if '_mini_' not in path and cfg.default_scope != 'mmpretrain':  # pre-training starts cold
         assert cfg.model.backbone.init_cfg['type'] == 'Pretrained'
     model = build_model(cfg)
-
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     name = osp.basename(path)
     if name in PAPER_PARAMS:
         ref = PAPER_PARAMS[name]
         assert abs(n_params - ref) / ref < 0.02, f'{name}: {n_params:.2f}M vs paper {ref}M'
+    return cfg, model
 
+
+@pytest.mark.parametrize('path', [p for p in CONFIGS if p not in STEP_CONFIGS], ids=config_id)
+def test_config_builds_and_feeds_its_neck(path):
+    """The configs that do not train a step below: built (``built``); the backbone's maps
+    go through the neck (detectors), the decode head (segmentors) or the head
+    (classifiers) at a small odd size, and a backward pass from there reaches every
+    parameter of those parts (one that none reaches makes DDP fail)."""
+    cfg, model = built(path)
+    model.train()
+    x = torch.randn(2, 3, 96, 80)  # two images: BatchNorm in training mode needs them
+    if cfg.default_scope == 'mmdet':
+        parts, outs = ('backbone', 'neck'), model.extract_feat(x)
+        assert len(outs) == cfg.model.neck.num_outs
+        assert all(o.shape[1] == cfg.model.neck.out_channels for o in outs)
+    elif cfg.default_scope == 'mmseg':
+        parts, outs = ('backbone', 'decode_head'), [model._forward(x)]
+        assert outs[0].shape[:2] == (2, cfg.model.decode_head.num_classes)
+    else:
+        parts, outs = ('backbone', 'neck', 'head'), [model(x, mode='tensor')]
+        assert outs[0].shape == (2, cfg.model.head.num_classes)
+    sum(o.float().mean() for o in outs).backward()
+    unused = [n for n in unused_parameters(model) if n.split('.')[0] in parts]
+    assert not unused, f'parameters without gradient (DDP would fail): {unused[:5]}'
+
+
+@pytest.mark.parametrize('path', STEP_CONFIGS, ids=config_id)
+def test_config_trains_and_predicts(path):
+    """Built (``built``); one training step from the model's own losses (every parameter
+    gets a gradient) and one prediction, on the codebase's own data structures."""
+    cfg, model = built(path)
     scope = cfg.default_scope
     if scope == 'mmdet':
         with_mask = 'roi_head' in cfg.model and 'mask_head' in cfg.model.roi_head
@@ -114,7 +196,7 @@ def test_config_builds_trains_and_predicts(path):
     loss.backward()
     grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
-    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    unused = unused_parameters(model)
     assert not unused, f'parameters without gradient (DDP would fail): {unused[:5]}'
 
     model.eval()
@@ -139,21 +221,31 @@ def test_grid16_configs_are_listed():
 
 
 @pytest.mark.parametrize('grid,exact', GRID16.items(), ids=list(GRID16))
-def test_grid16_config_bounds_only_the_landmarks(grid, exact):
-    """The config is its exact sibling but for landmark_grid=16; at 800×1344 each SOFT
-    layer of stages 1-3 attends through 16×16 landmarks instead of the paper's one per
-    r×r window of its tokens (⌊200/8⌋·⌊336/8⌋ = 25·42, also at strides 8 and 16 with
-    r = 4 and 2)."""
-    from mmsoft.apis import init_backbone
-    from mmsoft.models.backbones.soft import SoftKernelAttention
+def test_grid16_config_is_its_paper_sibling_with_landmark_grid(grid, exact):
     grid_cfg, exact_cfg = (Config.fromfile(osp.join(ROOT, 'configs', 'soft', name))
                            for name in (grid, exact))
     assert grid_cfg.model.backbone.pop('landmark_grid') == 16
     assert grid_cfg.to_dict() == exact_cfg.to_dict()
 
+
+def test_grid16_bounds_only_the_landmarks():
+    """At 800×1344 each SOFT layer of stages 1-3 attends through 16×16 landmarks instead of
+    the paper's one per r×r window of its tokens (⌊200/8⌋·⌊336/8⌋ = 25·42, also at strides
+    8 and 16 with r = 4 and 2); once per backbone that the grid16 configs and their
+    siblings build (two: the previous test shows each config is its sibling but for
+    landmark_grid)."""
+    from mmsoft.apis import init_backbone
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    backbones = {}
+    for grid, exact in GRID16.items():
+        for name in (grid, exact):
+            path = osp.join(ROOT, 'configs', 'soft', name)
+            backbone = Config.fromfile(path).model.backbone.to_dict()
+            backbone.pop('out_indices')  # which maps it returns, not how it computes them
+            backbones.setdefault(repr(backbone), (name, path))
     counts = {}
-    for name in (grid, exact):
-        backbone = init_backbone(config=osp.join(ROOT, 'configs', 'soft', name))
+    for name, path in backbones.values():
+        backbone = init_backbone(config=path)
         layers = [m for m in backbone.modules() if isinstance(m, SoftKernelAttention)]
         assert sorted({m.sr_ratio for m in layers}) == [2, 4, 8]
         m = set()
@@ -165,7 +257,10 @@ def test_grid16_config_bounds_only_the_landmarks(grid, exact):
             with torch.no_grad():
                 m.add(layer.landmarks(q, hw).shape[-2])
         counts[name] = m
-    assert counts == {grid: {16 * 16}, exact: {25 * 42}}
+    assert len(counts) == 2  # one grid16 backbone, one paper backbone
+    assert {frozenset(m) for m in counts.values()} == {frozenset({16 * 16}),
+                                                       frozenset({25 * 42})}
+    assert all(counts[n] == {16 * 16} for n in counts if n in GRID16)
 
 
 # ---------------------------------------------------------------- one source per block

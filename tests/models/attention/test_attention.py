@@ -117,7 +117,9 @@ def test_alpha_at_a_tie_halves_as_float64_does():
 
 def test_zero_padding_keeps_the_iterate():
     """A zero-padded to a larger size (aligned sizes for matrix products): α and the
-    T-step iterate on A's block are A's own, the zero block stays zero."""
+    T-step iterate on A's block are A's own, the zero block stays zero; padded by the
+    iterations themselves (``pad_to``), formed, thin and in TF32, the same iterate
+    (float64: differences are rounding)."""
     A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
     Z = torch.randn(2, 30, 5, dtype=torch.float64)
     Ap = torch.nn.functional.pad(A, (0, 2, 0, 2))
@@ -136,6 +138,13 @@ def test_zero_padding_keeps_the_iterate():
     W = newton_pinv_apply(Ap, Zp, method='iterative')
     assert torch.allclose(W[:, :30], Y @ Z, rtol=0, atol=100 * tol * Z.abs().max().item())
     assert (W[:, 30:] == 0).all()
+    # the plans' own padding (``pinv_pad``): the same iterate formed, thin and in TF32
+    for kwargs in (dict(method='iterative'), dict(method='iterative', thin_steps=20),
+                   dict(method='tf32', thin_steps=8)):
+        ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
+        out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
+        assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
+    assert newton_pinv(A, pad_to=16).shape == A.shape
 
 
 def test_gaussian_kernel_gradient():
@@ -434,19 +443,6 @@ def test_inference_forms_a_large_kernel_only_in_chunks(once_up_to, force_plan):
         assert P_rows == [17, 17, 16] * 2
 
 
-def test_auto_chooses_per_device():
-    """'auto' follows the measured per-device table: eigh on CPU above 128 landmarks, the
-    iterations on CUDA (cuSOLVER's eigh was slower there for every m >= 49), with TF32
-    products above 196 landmarks."""
-    assert resolve_pinv_method('auto', 128, 'cpu') == 'iterative'
-    assert resolve_pinv_method('auto', 129, 'cpu') == 'spectral'
-    assert resolve_pinv_method('auto', 49, 'cuda') == 'iterative'
-    assert resolve_pinv_method('auto', 196, 'cuda') == 'iterative'
-    assert resolve_pinv_method('auto', 1050, 'cuda') == 'tf32'
-    assert resolve_pinv_method('auto', 1050, 'mps') == 'iterative'  # no eigh there
-    assert resolve_pinv_method('spectral', 16, 'cuda') == 'spectral'
-
-
 def test_round_tf32_keeps_ten_mantissa_bits():
     x = torch.randn(10000) * 100
     r = round_tf32(x)
@@ -577,19 +573,6 @@ def test_tf32_needs_its_last_float32_steps():
     assert relative_deviation(W, ref) > kernel_bound(floor)
     W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 2))
     assert relative_deviation(W, ref) <= kernel_bound(floor) / 2
-
-
-def test_padding_keeps_every_iterate():
-    """The iterations on A zero-padded to an aligned size (the plans' ``pinv_pad``) give
-    the same iterate, formed, thin and in TF32 (float64: differences are rounding)."""
-    A = gaussian_kernel_matrix(30, batch=(2, ), scale=0.3)
-    Z = torch.randn(2, 30, 5, dtype=torch.float64)
-    for kwargs in (dict(method='iterative'), dict(method='iterative', thin_steps=20),
-                   dict(method='tf32', thin_steps=8)):
-        ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
-        out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
-        assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
-    assert newton_pinv(A, pad_to=16).shape == A.shape
 
 
 def _mm_products(fn):

@@ -11,17 +11,28 @@ Random weights (seed 0); tools/analysis_tools/fidelity.py measures the same at a
 and on a GPU. The training step's gradients are swept over photos, crops, landmark
 counts and two seeds (``GRADIENT_CASES``), each compared along the float32 step's own
 branches at ReLU inputs within rounding of 0 (``mmsoft.testing.gradient_deviations``).
+
+The float64 references take half of this module's time; a run stores them in pytest's
+cache folder (``float64_reference``) for the runs after it in the same checkout (CI runs
+these tests again in another numeric configuration and on another torch).
 """
+import glob
+import hashlib
+import os
+import os.path as osp
+import weakref
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+import mmsoft
 from mmsoft.models import SOFT
 from mmsoft.models.attention import PLANS, resolve_pinv_method
-from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, fidelity_image,
-                            gradient_deviations, output_bounds, output_deviations,
-                            reference_gradients, reference_outputs)
+from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, GradientReference,
+                            fidelity_image, gradient_deviations, output_bounds,
+                            output_deviations, reference_gradients, reference_outputs)
 
 SIZE = (384, 640)
 M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
@@ -41,6 +52,50 @@ MAP_PATHS = dict(PATHS, **{'cpu, tridiagonal form': replace(
     PLANS['cpu'], pinv=((None, 'tridiagonal'), (None, 'spectral'), (None, 'iterative')))})
 
 
+def _digest(*parts):
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+    return h.hexdigest()
+
+
+def _tensor_bytes(t):
+    return t.detach().cpu().contiguous().numpy().tobytes()
+
+
+@pytest.fixture(scope='module')
+def float64_reference(request):
+    """``float64_reference(kind, model, x, compute)``: ``compute()``, a float64 reference
+    of ``model`` on ``x`` ('outputs' or 'gradients'), or what a run before this one
+    stored for the same computation: the same kind, every source file of mmsoft, the
+    model's weights and buffers and the input, byte for byte. It does not depend on this
+    run's threads, SIMD kernels or torch version beyond float64's rounding (~1e-15 of
+    the floors). Nothing is stored where pytest's cache is off (-p no:cacheprovider)."""
+    cache = getattr(request.config, 'cache', None)
+    root = osp.dirname(mmsoft.__file__)
+    sources = _digest(*(Path(f).read_bytes() for f in sorted(
+        glob.glob(osp.join(root, '**', '*.py'), recursive=True))))
+    weights = weakref.WeakKeyDictionary()  # model -> digest of its state
+
+    def get(kind, model, x, compute):
+        if cache is None:
+            return compute()
+        if model not in weights:
+            weights[model] = _digest(*(part for k, v in model.state_dict().items()
+                                       for part in (k, _tensor_bytes(v))))
+        folder = cache.mkdir('mmsoft-float64-references')
+        path = folder / f'{_digest(kind, sources, weights[model], _tensor_bytes(x))}.pt'
+        if path.exists():
+            stored = torch.load(path, map_location='cpu', weights_only=True)
+            return GradientReference(*stored) if kind == 'gradients' else stored
+        result = compute()
+        tmp = folder / f'{path.name}.{os.getpid()}.tmp'
+        torch.save(tuple(result) if kind == 'gradients' else result, tmp)
+        os.replace(tmp, path)
+        return result
+    return get
+
+
 @pytest.fixture(scope='module')
 def model():
     torch.manual_seed(0)
@@ -50,19 +105,14 @@ def model():
 
 
 @pytest.fixture(scope='module')
-def references(model):
+def references(model, float64_reference):
     """image -> (input, float64 official-order output maps, each map's bound)."""
     out = {}
     for name in FIDELITY_IMAGES:
         x = fidelity_image(name, SIZE)
-        refs = reference_outputs(model, x)
+        refs = float64_reference('outputs', model, x, lambda: reference_outputs(model, x))
         out[name] = x, refs, output_bounds(model, x, refs, device_type='cpu')
     return out
-
-
-def test_the_size_reaches_each_plans_path_for_large_kernels():
-    assert resolve_pinv_method('auto', M, 'cpu') == 'spectral'
-    assert resolve_pinv_method('auto', M, 'cuda') == 'tf32'
 
 
 # Worst map over the seven images at 384×640, 2 threads (AVX-512), measured with this
@@ -79,6 +129,9 @@ def test_the_size_reaches_each_plans_path_for_large_kernels():
 def test_output_maps_keep_the_floor(model, references, path):
     """Each map within 1e-5 of float64, or within twice the float32 official order's
     deviation where float32 itself misses 1e-5 (``output_bounds``)."""
+    # the size takes each plan's path for large kernels
+    assert (resolve_pinv_method('auto', M, 'cpu'), resolve_pinv_method('auto', M, 'cuda')) \
+        == ('spectral', 'tf32')
     for name, (x, refs, bounds) in references.items():
         devs = output_deviations(model, x, refs, MAP_PATHS[path], device_type='cpu')
         assert all(d <= b for d, b in zip(devs, bounds)), (path, name, devs, bounds)
@@ -90,7 +143,8 @@ def test_output_maps_keep_the_floor(model, references, path):
 # training step: 64 ('iterative' on both), 160 (the CPU's 'spectral' through eigh,
 # 'mixed'; CUDA's formed float32 iterate), 208 (CUDA's 'tf32' 1 + 4, TF32 emulated, and
 # its last 4 float32 steps thin, which its training step takes from m ≈ 448 up: forced
-# here). id: (image, resized to, crop (top, left, h, w) or None, seed).
+# here; and CUDA's list with the float32 iterate alone, beyond the 196 landmarks its plan
+# takes it up to). id: (image, resized to, crop (top, left, h, w) or None, seed).
 GRADIENT_CASES = {
     'rocket-sky-256x256-seed0': ('rocket', (512, 768), (0, 256, 256, 256), 0),
     'chelsea-256x256-seed1': ('chelsea', (300, 451), (22, 97, 256, 256), 1),
@@ -118,7 +172,7 @@ def soft_models():
 
 
 @pytest.fixture(scope='module')
-def gradient_references(soft_models):
+def gradient_references(soft_models, float64_reference):
     """case id -> (model, input, float64 reference, bound), computed once per case."""
     cache = {}
 
@@ -126,7 +180,8 @@ def gradient_references(soft_models):
         if case not in cache:
             image, size, crop, seed = GRADIENT_CASES[case]
             model, x = soft_models[seed], fidelity_image(image, size, crop)
-            ref = reference_gradients(model, x)
+            ref = float64_reference('gradients', model, x,
+                                    lambda: reference_gradients(model, x))
             official = gradient_deviations(model, x, ref, replace(PLANS['cpu'],
                                                                   order='official'), 'cpu')
             cache[case] = model, x, ref, max(GRADIENT_TOL, 2 * max(official.deviations.values()))
@@ -152,6 +207,12 @@ def test_training_gradients_keep_the_floor(gradient_references, case, monkeypatc
     assert resolve_pinv_method('auto', m, 'cuda') == ('iterative' if m <= 196 else 'tf32')
     results = {name: gradient_deviations(model, x, ref, plan, 'cpu')
                for name, plan in PLAN_PATHS.items()}
+    # beyond the landmarks for which CUDA's plan takes its float32 iterate: worst parameter
+    # 8.1e-6 on the cat's crop, 1.2e-5 on the blank wall (2 threads), where the float32
+    # official order is 9.3e-6 and 1.2e-5: ≥ 8x below the floor
+    if m > 196:
+        results['cuda, float32 iterate'] = gradient_deviations(
+            model, x, ref, PATHS['cuda, float32 iterate'], 'cpu')
     if m >= THIN_FROM:
         from mmsoft.models.attention import newton
         calls = []
@@ -176,26 +237,6 @@ def test_the_gradient_floor_tells_missing_float32_steps_apart(gradient_reference
     plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(1, 0), thin_steps=0)
     worst, dev = _worst(gradient_deviations(model, x, ref, plan, 'cpu'))
     assert dev > bound, (worst, dev, bound)
-
-
-@pytest.fixture(scope='module')
-def photo_gradients(model):
-    x = fidelity_image('astronaut', SIZE)
-    return x, reference_gradients(model, x)
-
-
-# CUDA's list with the float32 iterate alone (the plans themselves: the sweep above), at
-# 384×640 (m = 240). Worst parameter 6.4e-6 (CUDA's plan 7.7e-6; the floor is 1e-4:
-# ≥ 13× margin).
-@pytest.mark.parametrize('path', [p for p in PATHS if p not in PLAN_PATHS])
-def test_other_variants_training_gradients_keep_the_floor(model, photo_gradients, path):
-    """One training step's gradients on a natural photo, BatchNorm in eval mode: every
-    parameter's gradient within 1e-4 (norm-relative) of the float64 official order."""
-    x, refs = photo_gradients
-    r = gradient_deviations(model, x, refs, PATHS[path], device_type='cpu')
-    assert len(r.deviations) == len(refs.gradients) > 100
-    worst, dev = _worst(r)
-    assert dev <= GRADIENT_TOL, (path, worst, dev, r.flips)
 
 
 def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
