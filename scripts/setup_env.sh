@@ -13,8 +13,8 @@
 #       numpy < 2 (torch 2.1 was built against numpy 1); mmcv 2.1.0 built unpatched.
 # MMSOFT_VENV overrides the folder.
 #
-# Neither mmcv has a wheel for torch 2.14: it is built here once (13.5 min on 2 cores for
-# mmcv 2.1.0, 12.5 min for onedl-mmcv 2.3.6; their setup.py asks for C++14/17, torch's
+# Neither mmcv has a wheel for torch 2.14: it is built here once (its time per stack:
+# docs/en/get_started.md, "The mmcv build"; their setup.py asks for C++14/17, torch's
 # headers need C++20, which this script patches) and the wheel is cached in $MMSOFT_CACHE
 # (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the ops are built
 # with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached per torch+CUDA
@@ -118,7 +118,7 @@ TAG="$("$PY" -c 'import sys, torch; v = torch.__version__.split("+")[0]; print("
 WHEELDIR="$CACHE/$MMCV_DIST-$MMCV_VERSION-$TAG"
 WHEEL_GLOB="${MMCV_DIST//-/_}-$MMCV_VERSION-*.whl"
 if ! ls "$WHEELDIR"/$WHEEL_GLOB >/dev/null 2>&1; then
-  say "building $MMCV_DIST $MMCV_VERSION with $MMCV_OPS ops for $TAG (about 13 minutes on 2 cores)"
+  say "building $MMCV_DIST $MMCV_VERSION with $MMCV_OPS ops for $TAG (minutes; docs/en/get_started.md gives its time)"
   BUILD="$(mktemp -d)"
   "${PIP[@]}" download -q --no-deps --no-binary :all: --no-build-isolation \
       "$MMCV_DIST==$MMCV_VERSION" -d "$BUILD" \
