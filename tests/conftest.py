@@ -202,7 +202,8 @@ def _one_thread_per_worker():
     if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) < 2:
         return
     if 'OMP_NUM_THREADS' not in os.environ:
-        os.environ['OMP_NUM_THREADS'] = os.environ.setdefault('MKL_NUM_THREADS', '1')
+        os.environ['OMP_NUM_THREADS'] = '1'
+        os.environ.setdefault('MKL_NUM_THREADS', '1')
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
 
@@ -267,7 +268,6 @@ def _mmengine_collected(keep):
     mmengine's logger does not propagate to the root logger, so pytest's caplog misses
     them)."""
     import logging
-
     import uuid
 
     from mmengine.logging import MMLogger
