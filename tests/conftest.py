@@ -145,7 +145,8 @@ NUMERICS_MODULES = ('test_attention.py', 'test_plan.py', 'test_soft.py', 'test_f
 # tools that time or report mmsoft's torch code once (docs/en/notes/tests.md, "CI"). A
 # test elsewhere that builds a model through mmdet or mmseg carries the marker itself.
 OPENMMLAB_DIRS = ('apis', 'checkpoint', 'configs', 'e2e', 'scripts', 'tools')
-OPENMMLAB_MODULES = ('test_registry.py', 'test_soft.py', 'test_xcit_sima.py')
+OPENMMLAB_MODULES = ('test_registry.py', 'test_soft.py', 'test_xcit_sima.py',
+                     'test_contract.py')
 NOT_OPENMMLAB_MODULES = ('test_benchmark.py', 'test_benchmark_tables.py',
                          'test_device_report.py')
 

@@ -66,3 +66,37 @@ def test_cpu_ddp_wrapper_resolves_from_codebases_and_checks_launcher():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match='launcher pytorch'):
             setup_cpu_distributed(Config(dict(launcher='slurm')))
+
+
+@pytest.mark.parametrize('doc', ['README.md', 'docs/en/user_guides/backbones.md'])
+def test_the_docs_config_snippet_builds_both_full_backbones(doc):
+    """The backbone dict users copy (its first python block), as written and as its
+    comment says to write it for XCiT-SimA, builds through mmdet's registry the
+    backbones the arch names: every stage, every block and the four levels."""
+    import re
+
+    import mmsoft  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from conftest import ROOT
+    from mmsoft.models import SOFT, XCiTSimA
+    text = open(f'{ROOT}/{doc}', encoding='utf-8').read()
+    snippet = re.search(r'```python\n(custom_imports.*?)```', text, re.S).group(1)
+    xcit = re.search(r"type='SOFT',\s+# XCiT-SimA: type='XCiTSimA', arch='(\w+)'", snippet)
+    assert xcit, f'{doc}: the snippet no longer says how to write XCiT-SimA'
+    init_default_scope('mmdet')
+    for type_name, arch, cls in (('SOFT', None, SOFT), ('XCiTSimA', xcit.group(1), XCiTSimA)):
+        backbone = Config.fromstring(snippet, '.py').model.backbone.to_dict()
+        for key in ('_delete_', 'init_cfg'):  # the checkpoint file is the user's
+            backbone.pop(key)
+        backbone['type'] = type_name
+        if arch is not None:
+            backbone['arch'] = arch
+        model = MODELS.build(backbone)
+        assert isinstance(model, cls)
+        reference = cls(arch=backbone['arch'])
+        assert model.out_indices == (0, 1, 2, 3)
+        assert (sum(p.numel() for p in model.parameters())
+                == sum(p.numel() for p in reference.parameters())), type_name
+        if cls is XCiTSimA:
+            assert len(model.blocks) == model.depth == 12

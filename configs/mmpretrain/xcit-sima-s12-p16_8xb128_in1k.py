@@ -7,7 +7,8 @@
 _base_ = '../_base_/adamw_8xb128-300e_in1k.py'
 
 model = dict(
-    backbone=dict(type='XCiTSimA', arch='s12', patch_size=16, out_indices=(3, 5, 7, 11),
+    # the last block's tokens (level 3 without the pyramid: block 11 at stride 16)
+    backbone=dict(type='XCiTSimA', arch='s12', patch_size=16, out_indices=-1,
                   with_pyramid=False, drop_path_rate=0.05),
     neck=dict(type='GlobalAveragePooling'),
     head=dict(in_channels=384))

@@ -7,5 +7,5 @@ _base_ = './mask-rcnn_xcit-sima-s12-p16_fpn_ms-crop-3x_coco.py'
 pretrained = 'checkpoints/xcit_small_24_p16_224.pth'
 
 model = dict(
-    backbone=dict(arch='s24', out_indices=(7, 11, 15, 23), drop_path_rate=0.1,
+    backbone=dict(arch='s24', tap_blocks=(7, 11, 15, 23), drop_path_rate=0.1,
                   init_cfg=dict(checkpoint=pretrained)))

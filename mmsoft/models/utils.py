@@ -3,6 +3,7 @@ pretrained loading, freezing, ``norm_eval``, activation checkpointing), arch par
 the MLP and input checks, and a guard for one torch bug. Reading checkpoints and
 matching their keys is ``mmsoft.checkpoint``'s."""
 import functools
+import warnings
 
 import torch
 import torch.nn as nn
@@ -145,15 +146,28 @@ class Backbone(BaseModule):
         norm_eval (bool): keep the BatchNorm layers in eval mode while training.
         with_cp (bool): activation checkpointing of every block.
         drop_path_rate (float): stochastic depth rate, in [0, 1).
+        pretrained (str, optional): deprecated, as in MMDetection's and MMSegmentation's
+            backbones: a checkpoint path, the same as
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)`` (with a warning).
         init_cfg (dict | list[dict], optional): mmengine initializers; ``Pretrained``
             loads a checkpoint last.
     """
     min_input_size = 1
 
     def __init__(self, frozen_stages=-1, norm_eval=False, with_cp=False, drop_path_rate=0.,
-                 init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
+                 pretrained=None, init_cfg=None):
         family = type(self).__name__
+        if pretrained is not None:
+            if init_cfg is not None:
+                raise ValueError(f'{family}: init_cfg and pretrained cannot both be set '
+                                 '(pretrained is the deprecated form of init_cfg)')
+            if not isinstance(pretrained, str):
+                raise TypeError(f'{family}: pretrained must be a checkpoint path (str) or '
+                                f'None, got {type(pretrained).__name__}')
+            warnings.warn(f'{family}: pretrained is deprecated, use init_cfg=dict('
+                          f"type='Pretrained', checkpoint={pretrained!r}) instead")
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
         if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) \
                 or frozen_stages < -1:
             raise ValueError(f'{family}: frozen_stages must be an int >= -1, got '
@@ -170,20 +184,26 @@ class Backbone(BaseModule):
         self.drop_path_rate = float(drop_path_rate)
 
     # -- argument checks ----------------------------------------------------------------
-    def _parse_out_indices(self, out_indices, num, what, count=None):
-        """``out_indices`` (an int or a sequence of ints) as a sorted tuple, checked:
-        distinct indices of ``what`` in [0, ``num`` - 1], exactly ``count`` of them if
-        given, else at least one."""
-        indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
-        valid = (bool(indices) and all(isinstance(i, int) and not isinstance(i, bool)
-                                       for i in indices)
-                 and len(set(indices)) == len(indices) and min(indices) >= 0
-                 and max(indices) < num and (count is None or len(indices) == count))
+    def _parse_out_indices(self, out_indices, num, what, hint=None):
+        """``out_indices`` (an int, or a list or tuple of ints) as a sorted tuple of
+        distinct indices of ``what`` in [0, ``num`` - 1]; a negative index counts from the
+        end (-1: the last), as in MMDetection's and MMPretrain's backbones. ``hint``, if
+        given, is called with the bad value and may return a sentence to add to the
+        error."""
+        def is_int(i):
+            return isinstance(i, int) and not isinstance(i, bool)
+
+        indices = ([out_indices] if is_int(out_indices) else
+                   list(out_indices) if isinstance(out_indices, (list, tuple)) else None)
+        valid = (bool(indices) and all(is_int(i) and -num <= i < num for i in indices)
+                 and len({i % num for i in indices}) == len(indices))
         if not valid:
-            size = f'{count}' if count is not None else 'one or more'
-            raise ValueError(f'{type(self).__name__}: out_indices must be {size} distinct '
-                             f'{what} indices in [0, {num - 1}], got {out_indices!r}')
-        return tuple(sorted(indices))
+            extra = hint(out_indices) if hint is not None else None
+            raise ValueError(f'{type(self).__name__}: out_indices must be an int or a list '
+                             f'or tuple of distinct {what} indices in [0, {num - 1}] '
+                             f'(negative ones count from the end), got {out_indices!r}'
+                             + (f'. {extra}' if extra else ''))
+        return tuple(sorted(i % num for i in indices))
 
     def _check_frozen_stages(self, built, what):
         """``frozen_stages`` at most ``built``, the number of ``what`` built."""
@@ -249,7 +269,10 @@ class Backbone(BaseModule):
         check_input(x, self.min_input_size, type(self).__name__)
 
     def _run_block(self, block, x, *args):
-        """``block(x, *args)``, activation-checkpointed when ``with_cp`` and training."""
-        if self.with_cp and x.requires_grad:
+        """``block(x, *args)``, activation-checkpointed with ``with_cp`` whenever autograd
+        records: the block's activations are recomputed in the backward pass instead of
+        kept. The non-reentrant checkpoint also covers a block whose input needs no
+        gradient but whose parameters do (the first trainable block after frozen ones)."""
+        if self.with_cp and torch.is_grad_enabled():
             return cp.checkpoint(block, x, *args, use_reentrant=False)
         return block(x, *args)

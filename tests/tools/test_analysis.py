@@ -23,7 +23,7 @@ def fixture_configs(tmp_path_factory):
         f"model = dict(backbone=dict(type='SOFT', arch={SOFT_FIXTURE_ARCH!r}))\n")
     (d / 'sima.py').write_text(
         f"model = dict(backbone=dict(type='XCiTSimA', arch={SIMA_FIXTURE_ARCH!r}, "
-        "out_indices=(0, 1, 2, 3)))\n")
+        "tap_blocks=(0, 1, 2, 3)))\n")
     return {'soft': ['--config', str(d / 'soft.py'), '--checkpoint',
                      data_path('soft_public_checkpoint.pth')],
             'sima': ['--config', str(d / 'sima.py'), '--checkpoint',

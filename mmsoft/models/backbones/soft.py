@@ -20,7 +20,7 @@ from ..cuda_graphs import StageGraphs, can_capture, check_cuda_graphs
 from ..utils import (Backbone, DropPath, Mlp, build_norm, check_depths, guard_gelu_grad,
                      parse_arch)
 
-__all__ = ['SOFT', 'checkpoint_filter_fn']
+__all__ = ['SOFT', 'checkpoint_filter_fn', 'resize_checkpoint_pos_embeds']
 
 
 class HeadSharedConv(nn.Conv2d):
@@ -232,8 +232,8 @@ class SOFT(Backbone):
             first letter works too) or a dict with ``embed_dims``, ``num_heads``,
             ``depths`` and optionally ``sr_ratios``.
         in_channels (int): input image channels.
-        out_indices (Sequence[int]): stages (0–3) whose maps are returned. Stages after the
-            last index are not built.
+        out_indices (int | Sequence[int]): stages (0–3; -1 is the last) whose maps are
+            returned. Stages after the last index are not built.
         with_cls_token (bool): prepend the class token in stage 4, as in ImageNet training
             (so pretrained weights see what they were trained on).
         out_type (str): what stage 4 returns: 'featmap', the (B, C, H/32, W/32) map, or
@@ -284,8 +284,12 @@ class SOFT(Backbone):
             fixed-size detection batches). Not with ``with_cp`` or
             ``pinv_method='spectral'`` (eigh synchronizes with the host). On other
             devices the blocks run eagerly, with a warning.
+        pretrained (str, optional): deprecated, the same as ``init_cfg=dict(
+            type='Pretrained', checkpoint=pretrained)``, with a warning.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads an
-            official SOFT checkpoint or an mmengine checkpoint.
+            official SOFT checkpoint or an mmengine checkpoint. Position embeddings
+            pre-trained on another input size (another grid) are resized to this model's
+            grids, bilinearly as at every forward, with a log line.
     """
     arch_zoo: Dict[str, dict] = {
         **dict.fromkeys(['t', 'tiny'], dict(
@@ -324,8 +328,10 @@ class SOFT(Backbone):
                  frozen_stages=-1,
                  with_cp=False,
                  cuda_graphs=False,
+                 pretrained=None,
                  init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, drop_path_rate, init_cfg)
+        super().__init__(frozen_stages, norm_eval, with_cp, drop_path_rate, pretrained,
+                         init_cfg)
         arch = parse_arch(arch, self.arch_zoo, self.essential_keys, 'SOFT',
                           optional_keys={'sr_ratios'})
         self.embed_dims = list(arch['embed_dims'])
@@ -505,10 +511,36 @@ class SOFT(Backbone):
         return tuple(outs)
 
 
+def resize_checkpoint_pos_embeds(state_dict, model):
+    """``pos_embed1``–``pos_embed4`` of a checkpoint pre-trained on another input size
+    (e.g. 384²: grids 96, 48, 24, 12) resized to ``model.pos_grids``, bilinearly as the
+    forward resizes them to each input; stage 4's leading class-token position is kept
+    as it is. Returns a new dict; each resize is logged."""
+    out = dict(state_dict)
+    for s, grid in enumerate(model.pos_grids):
+        key = f'pos_embed{s + 1}'
+        pos = out.get(key)
+        lead = 1 if s == 3 else 0
+        if pos is None or pos.dim() != 3 or pos.shape[1] == grid * grid + lead:
+            continue
+        n = pos.shape[1] - lead
+        side = math.isqrt(n)
+        if side * side != n:
+            raise ValueError(f'SOFT checkpoint {key} holds {n} spatial positions, not a '
+                             f'square grid: it cannot be resized to {grid}×{grid}')
+        spatial = resize_pos_embed(pos[:, lead:].float(), side, (grid, grid)).to(pos.dtype)
+        out[key] = torch.cat([pos[:, :lead], spatial], dim=1)
+        print_log(f'SOFT: {key} resized from the checkpoint\'s {side}×{side} grid to '
+                  f'{grid}×{grid} (pre-trained on another input size)', logger='current',
+                  level=logging.INFO)
+    return out
+
+
 def checkpoint_filter_fn(state_dict, model=None):
     """Adapt an official SOFT state dict: drop the classification head. Given a ``model``,
-    also drop the stages it does not build (``out_indices`` ending before stage 4) and
-    check that the built stages' depths agree, before any weight is copied."""
+    also drop the stages it does not build (``out_indices`` ending before stage 4), check
+    that the built stages' depths agree, before any weight is copied, and resize position
+    embeddings of another pre-training size (``resize_checkpoint_pos_embeds``)."""
     out = {k: v for k, v in state_dict.items() if not k.startswith('head.')}
     if model is None:
         return out
@@ -528,4 +560,4 @@ def checkpoint_filter_fn(state_dict, model=None):
                       f'end at stage {n - 1}): their {len(dropped)} tensors are ignored',
                       logger='current', level=logging.INFO)
         out = {k: v for k, v in out.items() if k.split('.')[0] not in unbuilt}
-    return out
+    return resize_checkpoint_pos_embeds(out, model)

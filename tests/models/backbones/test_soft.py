@@ -298,46 +298,44 @@ def test_out_indices_and_cls_token():
         assert torch.allclose(a(x)[2], b(x)[2])
 
 
-def _frozen(model):
-    """The parameter names ``model.train()`` leaves without gradients, and whether every
-    BatchNorm among their modules is in eval mode."""
-    model.train()
-    names = {n for n, p in model.named_parameters() if not p.requires_grad}
-    bns = [m for n, m in model.named_modules()
-           if isinstance(m, torch.nn.BatchNorm2d) and f'{n}.weight' in names]
-    return names, all(not m.training for m in bns)
-
-
-def test_frozen_stages_count_as_in_mmdet():
-    """As MMDetection's ResNet and Swin count them: -1 nothing, 0 the stem (stage 1's
-    patch and position embeddings), k the stem and the first k stages."""
-    assert _frozen(SOFT(arch='tiny'))[0] == set()
-    prefixes = {0: ('patch_embed1.', 'pos_embed1'),
-                2: ('patch_embed1.', 'pos_embed1', 'block1.', 'patch_embed2.', 'pos_embed2',
-                    'block2.'),
-                4: ('',)}  # every parameter
-    everything = {n for n, _ in SOFT(arch='tiny').named_parameters()}
-    for k, starts in prefixes.items():
-        model = SOFT(arch='tiny', frozen_stages=k)
-        assert model.train() is model and model.eval() is model
-        names, bn_eval = _frozen(model)
-        assert names == {n for n in everything if n.startswith(starts)}, k
-        assert bn_eval and model.patch_embed3.proj[1].training == (k < 3)
-
-
-def test_with_cp_gives_same_gradients():
+def test_checkpoint_of_another_pretraining_size_is_resized(tmp_path, mmengine_log):
+    """Position embeddings pre-trained at 384² (grids 96, 48, 24, 12) load into the 224²
+    grids (56, 28, 14, 7), resized and logged; stage 4's class-token position is kept.
+    Per-channel constants survive any interpolation, so the loaded values are known."""
     model = SOFT(arch='tiny', drop_path_rate=0.)
     model.init_weights()
-    model_cp = copy.deepcopy(model)
-    model_cp.with_cp = True
-    x = torch.randn(2, 3, 64, 64)
-    grads = []
-    for m in (model, model_cp):
-        m.train()
-        m.zero_grad()
-        sum(o.sum() for o in m(x)).backward()
-        grads.append(m.block3[0].att.mha.W_q.weight.grad.clone())
-    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    state = model.state_dict()
+    big = dict(state)
+    for s, grid in enumerate((96, 48, 24, 12)):
+        C = model.embed_dims[s]
+        lead = 1 if s == 3 else 0
+        big[f'pos_embed{s + 1}'] = torch.cat(
+            [torch.full((1, lead, C), -3.), torch.arange(C, dtype=torch.float32).expand(
+                1, grid * grid, C)], dim=1)
+    torch.save({'state_dict': big}, tmp_path / 'soft384.pth')
+    loaded = SOFT(arch='tiny', init_cfg=dict(type='Pretrained',
+                                             checkpoint=str(tmp_path / 'soft384.pth')))
+    loaded.init_weights()
+    for s, grid in enumerate((56, 28, 14, 7)):
+        pos = getattr(loaded, f'pos_embed{s + 1}')
+        lead = 1 if s == 3 else 0
+        assert pos.shape[1] == grid * grid + lead
+        assert rel_err(pos[:, lead:], torch.arange(model.embed_dims[s],
+                                                   dtype=torch.float32).expand_as(
+                                                       pos[:, lead:])) <= 1e-6
+    assert torch.equal(loaded.pos_embed4[:, :1], torch.full((1, 1, 512), -3.))
+    assert torch.equal(loaded.block3[0].att.mha.W_q.weight,
+                       state['block3.0.att.mha.W_q.weight'])
+    logged = [m for m in mmengine_log if 'resized from the checkpoint' in m]
+    assert [m.split()[1] for m in logged] == ['pos_embed1', 'pos_embed2', 'pos_embed3',
+                                              'pos_embed4']
+    assert "pos_embed1 resized from the checkpoint's 96×96 grid to 56×56" in logged[0]
+    bad = dict(big, pos_embed2=torch.zeros(1, 50, 128))
+    torch.save({'state_dict': bad}, tmp_path / 'bad.pth')
+    with pytest.raises(ValueError, match='pos_embed2 holds 50 spatial positions, not a '
+                       'square grid'):
+        SOFT(arch='tiny', init_cfg=dict(type='Pretrained',
+                                        checkpoint=str(tmp_path / 'bad.pth'))).init_weights()
 
 
 def test_gelu_gradient_laid_out_unlike_its_input():

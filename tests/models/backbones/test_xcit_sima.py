@@ -1,4 +1,6 @@
 """The XCiT-SimA backbone: parity with the official SimA code, pyramid, options."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ CKPT = data_path('sima_public_checkpoint.pth')
 
 
 def fixture_model(checkpoint=CKPT, **kwargs):
-    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=16, out_indices=(0, 1, 2, 3),
+    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=16, tap_blocks=(0, 1, 2, 3),
                      drop_path_rate=0., init_cfg=dict(type='Pretrained', checkpoint=checkpoint),
                      **kwargs)
     model.init_weights()
@@ -58,9 +60,10 @@ def test_loads_mmengine_checkpoint(tmp_path):
 
 def test_depth_mismatch_is_reported():
     """A checkpoint with fewer blocks than the model builds."""
-    model = XCiTSimA(arch=dict(FIXTURE_ARCH, depth=6), out_indices=(1, 2, 3, 5),
+    model = XCiTSimA(arch=dict(FIXTURE_ARCH, depth=6), tap_blocks=(1, 2, 3, 5),
                      init_cfg=dict(type='Pretrained', checkpoint=CKPT))
-    with pytest.raises(ValueError, match=r'has 4 blocks.*depth 6 and builds blocks 0-5'):
+    with pytest.raises(ValueError, match=r'has 4 blocks.*depth 6 and builds blocks 0-5.*'
+                       r'pass those blocks as tap_blocks'):
         model.init_weights()
 
 
@@ -71,19 +74,19 @@ def save_backbone(model, path):
 
 
 def test_blocks_after_the_last_tap(tmp_path, mmengine_log):
-    """out_indices ending before the last block build fewer blocks than the arch's depth:
-    such a model loads its own checkpoint (as many blocks as it builds) and a full-depth
-    one (the blocks it does not build are ignored, with a log line); a checkpoint deeper
-    than the arch is refused."""
+    """Taps ending before the last block build fewer blocks than the arch's depth: such a
+    model loads its own checkpoint (as many blocks as it builds) and a full-depth one (the
+    blocks it does not build are ignored, with a log line); a checkpoint deeper than the
+    arch is refused."""
     arch = dict(FIXTURE_ARCH, depth=8)
-    short = XCiTSimA(arch=arch, out_indices=(0, 1, 2, 3), drop_path_rate=0.)
+    short = XCiTSimA(arch=arch, tap_blocks=(0, 1, 2, 3), drop_path_rate=0.)
     short.init_weights()
     own = save_backbone(short, tmp_path / 'own.pth')
-    full = XCiTSimA(arch=arch, out_indices=(1, 3, 5, 7), drop_path_rate=0.)
+    full = XCiTSimA(arch=arch, tap_blocks=(1, 3, 5, 7), drop_path_rate=0.)
     full.init_weights()
     deep = save_backbone(full, tmp_path / 'full.pth')
     for path, source in ((own, short), (deep, full)):
-        model = XCiTSimA(arch=arch, out_indices=(0, 1, 2, 3),
+        model = XCiTSimA(arch=arch, tap_blocks=(0, 1, 2, 3),
                          init_cfg=dict(type='Pretrained', checkpoint=path))
         model.init_weights()
         for k, v in model.state_dict().items():
@@ -92,15 +95,32 @@ def test_blocks_after_the_last_tap(tmp_path, mmengine_log):
                for m in mmengine_log)
     assert any("ignored checkpoint keys: ['backbone.blocks.{4-7}.*']" in m
                for m in mmengine_log)
-    model = XCiTSimA(arch=dict(arch, depth=6), out_indices=(0, 1, 2, 3),
+    model = XCiTSimA(arch=dict(arch, depth=6), tap_blocks=(0, 1, 2, 3),
                      init_cfg=dict(type='Pretrained', checkpoint=deep))
     with pytest.raises(ValueError, match='has 8 blocks but the model arch has depth 6'):
         model.init_weights()
 
 
+def test_levels_not_returned_are_not_built(tmp_path, mmengine_log):
+    """out_indices (1,) builds the blocks up to level 1's tap and that level's branch
+    only; it loads a full pyramid's checkpoint, whose other branches and later blocks are
+    ignored with a log line, and returns what the full model returns at level 1."""
+    full = fixture_model()
+    path = save_backbone(full, tmp_path / 'full.pth')
+    one = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3), out_indices=(1, ),
+                   drop_path_rate=0., init_cfg=dict(type='Pretrained', checkpoint=path))
+    one.init_weights()
+    assert len(one.blocks) == 2 and hasattr(one, 'fpn2') and not hasattr(one, 'fpn1')
+    assert any("['fpn1'] of the checkpoint make pyramid levels that out_indices=(1,) "
+               'does not return: ignored' in m for m in mmengine_log)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        assert rel_err(one.eval()(x)[0], full(x)[1]) <= 1e-6
+
+
 def test_checkpoint_of_another_family_is_refused():
     """A SOFT checkpoint fits none of XCiTSimA's keys: no silent 0-tensor load."""
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3),
+    model = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3),
                      init_cfg=dict(type='Pretrained',
                                    checkpoint=data_path('soft_public_checkpoint.pth')))
     with pytest.raises(ValueError, match=r"matches none of the model's \d+ parameters.*"
@@ -115,7 +135,7 @@ def test_partial_checkpoint_is_refused(tmp_path):
     sd = torch.load(CKPT, weights_only=True)['model']
     torch.save({'model': {k: v for k, v in sd.items() if k.startswith('patch_embed.')}},
                tmp_path / 'stem.pth')
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3),
+    model = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3),
                      init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'stem.pth')))
     with pytest.raises(ValueError, match=r"holds only \d+% of the model's parameter values"
                        r".*missing: \['blocks.\*'"):
@@ -148,31 +168,50 @@ def test_fourier_encoding_layout():
 
 
 @pytest.mark.parametrize('patch_size', [16, 8])
-@pytest.mark.parametrize('hw', [(64, 96), (97, 131)])
-def test_pyramid_strides(patch_size, hw):
-    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=patch_size, out_indices=(0, 1, 2, 3))
+@pytest.mark.parametrize('hw', [(64, 96), (97, 131), (67, 93), (33, 33), (1, 1), (16, 64)])
+def test_pyramid_follows_ceil_of_the_stride(patch_size, hw):
+    """Level i is ⌈H / s_i⌉ × ⌈W / s_i⌉ (s = 4, 8, 16, 32) at every size, down to 1×1, as a
+    convolutional backbone's (the upsampled levels of a patch grid of ⌈H / p⌉ cells are
+    cropped, the pooled ones round up); the cropped cells are those the transposed
+    convolutions computed from the last patch row and column."""
+    model = XCiTSimA(arch=FIXTURE_ARCH, patch_size=patch_size, tap_blocks=(0, 1, 2, 3))
     model.init_weights()
     model.eval()
+    x = torch.randn(1, 3, *hw)
     with torch.no_grad():
-        outs = model(torch.randn(1, 3, *hw))
-    hp = [-(-s // patch_size) for s in hw]  # conv stem: ceil(H / p)
-    scale = patch_size // 4
-    expected = [(hp[0] * scale, hp[1] * scale), (hp[0] * scale // 2, hp[1] * scale // 2)]
-    assert tuple(outs[0].shape[-2:]) == expected[0]
-    assert tuple(outs[1].shape[-2:]) == expected[1]
+        outs = model(x)
+    assert [tuple(o.shape[-2:]) for o in outs] == [(-(-hw[0] // s), -(-hw[1] // s))
+                                                    for s in (4, 8, 16, 32)]
     for o in outs:
         assert o.shape[1] == 64 and torch.isfinite(o).all()
+    if hw == (97, 131) and patch_size == 16:  # 7 × 9 patches: level 0 is 25 × 33 of 28 × 36
+        with torch.no_grad():
+            tokens = model.patch_embed(x)
+            tokens = (tokens + model.pos_embeder(1, 7, 9)).flatten(2).transpose(1, 2)
+            for blk in model.blocks[:1]:
+                tokens = blk(tokens, 7, 9)
+            full = model.fpn1(tokens.transpose(1, 2).reshape(1, 64, 7, 9))
+        assert full.shape[-2:] == (28, 36)
+        assert rel_err(outs[0], full[..., :25, :33]) <= 1e-6
 
 
 def test_without_pyramid_taps_stay_at_patch_stride():
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), with_pyramid=False)
+    model = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3), with_pyramid=False)
     assert not any(k.startswith('fpn') for k in model.state_dict())
     outs = model.eval()(torch.randn(1, 3, 64, 96))
     assert [tuple(o.shape) for o in outs] == [(1, 64, 4, 6)] * 4
+    # the classification config's form: the last tap only
+    last = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3), with_pyramid=False,
+                    out_indices=-1)
+    last.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        (out, ) = last.eval()(x)
+        assert rel_err(out, model(x)[3]) <= 1e-6
 
 
 def test_batch_invariance():
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), drop_path_rate=0.)
+    model = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3), drop_path_rate=0.)
     model.init_weights()
     model.eval()
     x = torch.randn(3, 3, 64, 64)
@@ -188,7 +227,7 @@ def test_batch_invariance():
 def test_half_autocast_finite_at_detection_size(dtype):
     if not cpu_autocast_supports(dtype):
         pytest.skip(f"torch {torch.__version__}'s CPU autocast does not take {dtype}")
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3))
+    model = XCiTSimA(arch=FIXTURE_ARCH, tap_blocks=(0, 1, 2, 3))
     model.init_weights()
     model.eval()
     x = torch.randn(1, 3, 800, 1333)
@@ -201,21 +240,25 @@ def test_half_autocast_finite_at_detection_size(dtype):
         assert rel_err(o.float(), r) < 0.05
 
 
-def test_default_taps_and_frozen_stages():
-    assert XCiTSimA(arch='t12').out_indices == (3, 5, 7, 11)
-    model = XCiTSimA(arch=dict(embed_dims=64, depth=24, num_heads=2, eta=1e-5),
-                     frozen_stages=2)
-    assert model.out_indices == (7, 11, 15, 23)
-    assert model.train() is model
-    assert not model.patch_embed.proj[0][1].training
-    assert not model.blocks[1].gamma1.requires_grad
-    assert model.blocks[2].gamma1.requires_grad
+def test_default_taps():
+    assert XCiTSimA(arch='t12').tap_blocks == (3, 5, 7, 11)
+    model = XCiTSimA(arch=dict(embed_dims=64, depth=24, num_heads=2, eta=1e-5))
+    assert model.tap_blocks == (7, 11, 15, 23) and model.out_indices == (0, 1, 2, 3)
+    assert len(model.blocks) == 24
     assert model.blocks[0].gamma1[0].item() == pytest.approx(1e-5)
-    # 0: the patch embedding and the position encoding only (ViT's count, in blocks)
-    model = XCiTSimA(arch=FIXTURE_ARCH, out_indices=(0, 1, 2, 3), frozen_stages=0).train()
-    frozen = {n.split('.')[0] for n, p in model.named_parameters() if not p.requires_grad}
-    assert frozen == {'patch_embed', 'pos_embeder'}
-    assert not model.patch_embed.proj[0][1].training and model.blocks[0].training
+    with pytest.raises(ValueError, match='tap_blocks must be given for depth 4'):
+        XCiTSimA(arch=FIXTURE_ARCH)
+
+
+@pytest.mark.parametrize('old', [(3, 5, 7, 11), [7, 11, 15, 23], (0, 1, 2, 5)])
+def test_out_indices_that_name_blocks_get_the_migration(old):
+    """XCiT's own detection configs, and earlier mmsoft versions, named the tapped blocks
+    in out_indices: such a config fails saying what to write instead, never building a
+    shorter network."""
+    with pytest.raises(ValueError, match=r'pyramid level indices in \[0, 3\].*set '
+                       rf'tap_blocks={re.escape(str(tuple(old)))} and leave '
+                       r'out_indices=\(0, 1, 2, 3\)'):
+        XCiTSimA(arch='s24', out_indices=old)
 
 
 def test_invalid_configs():
@@ -229,8 +272,12 @@ def test_invalid_configs():
         XCiTSimA(arch='t12', patch_size=14)
     with pytest.raises(ValueError, match='not divisible'):
         XCiTSimA(arch=dict(embed_dims=66, depth=4, num_heads=4, eta=1.0),
-                 out_indices=(0, 1, 2, 3))
-    with pytest.raises(ValueError, match='out_indices'):
-        XCiTSimA(arch='t12', out_indices=(3, 5, 7, 12))
-    with pytest.raises(ValueError, match='frozen_stages'):
-        XCiTSimA(arch='t12', frozen_stages=13)
+                 tap_blocks=(0, 1, 2, 3))
+    for taps in ((3, 5, 7, 12), (3, 5, 7), (5, 3, 7, 11), (-1, 3, 5, 7), (3, 5, 7, 11.0), 11):
+        with pytest.raises(ValueError, match=r'tap_blocks must be 4 increasing block '
+                           r'indices in \[0, 11\]'):
+            XCiTSimA(arch='t12', tap_blocks=taps)
+    with pytest.raises(ValueError, match=r'frozen_stages must be in \[-1, 4\]'):
+        XCiTSimA(arch='t12', frozen_stages=5)
+    with pytest.raises(ValueError, match=r'frozen_stages must be in \[-1, 2\]'):
+        XCiTSimA(arch='t12', out_indices=(0, 1), frozen_stages=3)
