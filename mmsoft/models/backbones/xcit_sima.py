@@ -84,6 +84,24 @@ class ConvPatchEmbed(nn.Module):
         return self.proj(x)
 
 
+class CeilMaxPool(nn.Module):
+    """k×k max-pooling at stride k that rounds up: ⌈H / k⌉ × ⌈W / k⌉ cells, the last row
+    and column over what remains (``MaxPool2d``'s ``ceil_mode``). Written as a padding
+    with -inf, which no window takes as its maximum, so that the ONNX exporter of every
+    supported torch keeps the sizes dynamic (torch 2.1's refuses a ceil-mode pool of an
+    input whose size it does not know)."""
+
+    def __init__(self, kernel_size):
+        super().__init__()
+        self.kernel_size = kernel_size
+
+    def forward(self, x):
+        k = self.kernel_size
+        H, W = x.shape[-2:]
+        x = F.pad(x, (0, (k - W % k) % k, 0, (k - H % k) % k), value=float('-inf'))
+        return F.max_pool2d(x, k)
+
+
 class SimAAttention(nn.Module):
     """``qkv`` projection, SimA (no softmax, no temperature), ``proj``."""
 
@@ -286,14 +304,14 @@ class XCiTSimA(Backbone):
     def _build_pyramid(self, C, patch_size, norm_cfg):
         """Taps (stride ``patch_size``) -> strides 4, 8, 16, 32 (XCiT's dense backbones):
         ``fpn{i + 1}`` makes level i, built for the levels returned. Max-pooling rounds
-        up (``ceil_mode``), and upsampled maps are cropped to ⌈H / s⌉, so every level has
+        up (``CeilMaxPool``), and upsampled maps are cropped to ⌈H / s⌉, so every level has
         a convolutional backbone's size."""
 
         def up():
             return nn.ConvTranspose2d(C, C, 2, 2)
 
         def pool(k):
-            return nn.MaxPool2d(k, ceil_mode=True)
+            return CeilMaxPool(k)
 
         if patch_size == 16:
             ops = (lambda: nn.Sequential(up(), build_norm(norm_cfg, C), nn.GELU(), up()),
