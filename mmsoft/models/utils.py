@@ -19,7 +19,7 @@ from .attention.dtypes import is_compiling
 
 __all__ = [
     'Backbone', 'DropPath', 'Mlp', 'build_norm', 'check_depths', 'check_input',
-    'eval_batch_norms', 'guard_gelu_grad', 'parse_arch'
+    'eval_batch_norms', 'guard_gelu_grad', 'is_int', 'parse_arch'
 ]
 
 
@@ -88,6 +88,12 @@ def parse_arch(arch, arch_zoo, essential_keys, family, optional_keys=()):
                          (f' (optional: {sorted(optional)})' if optional else '') +
                          f'; {problem}')
     return dict(arch)
+
+
+def is_int(value):
+    """An int and not a bool (``True`` is an int to Python, never an index or a count
+    to a config)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_norm(norm_cfg, num_features):
@@ -168,8 +174,7 @@ class Backbone(BaseModule):
                           f"type='Pretrained', checkpoint={pretrained!r}) instead")
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
-        if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) \
-                or frozen_stages < -1:
+        if not is_int(frozen_stages) or frozen_stages < -1:
             raise ValueError(f'{family}: frozen_stages must be an int >= -1, got '
                              f'{frozen_stages!r}')
         if not isinstance(drop_path_rate, (int, float)) or not 0 <= drop_path_rate < 1:
@@ -190,9 +195,6 @@ class Backbone(BaseModule):
         end (-1: the last), as in MMDetection's and MMPretrain's backbones. ``hint``, if
         given, is called with the bad value and may return a sentence to add to the
         error."""
-        def is_int(i):
-            return isinstance(i, int) and not isinstance(i, bool)
-
         indices = ([out_indices] if is_int(out_indices) else
                    list(out_indices) if isinstance(out_indices, (list, tuple)) else None)
         valid = (bool(indices) and all(is_int(i) and -num <= i < num for i in indices)

@@ -17,7 +17,7 @@ from mmengine.logging import print_log
 from ...registry import register_model
 from ..attention import sima_attention
 from ..attention.dtypes import device_type
-from ..utils import Backbone, DropPath, Mlp, build_norm, parse_arch
+from ..utils import Backbone, DropPath, Mlp, build_norm, is_int, parse_arch
 
 __all__ = ['XCiTSimA', 'fourier_position_encoding', 'checkpoint_filter_fn']
 
@@ -282,7 +282,7 @@ class XCiTSimA(Backbone):
             return self.default_taps[self.depth]
         taps = list(tap_blocks) if isinstance(tap_blocks, (list, tuple)) else None
         if not (taps and len(taps) == self.num_levels
-                and all(isinstance(i, int) and not isinstance(i, bool) for i in taps)
+                and all(is_int(i) for i in taps)
                 and 0 <= taps[0] and all(a < b for a, b in zip(taps, taps[1:]))
                 and taps[-1] < self.depth):
             raise ValueError(f'XCiTSimA: tap_blocks must be {self.num_levels} increasing '
@@ -293,8 +293,7 @@ class XCiTSimA(Backbone):
         """The migration sentence for ``out_indices`` that name tapped blocks, as
         earlier mmsoft versions and XCiT's own detection configs wrote them."""
         values = list(out_indices) if isinstance(out_indices, (list, tuple)) else []
-        if len(values) == self.num_levels and all(
-                isinstance(i, int) and not isinstance(i, bool) for i in values):
+        if len(values) == self.num_levels and all(is_int(i) for i in values):
             return (f'out_indices names the pyramid levels to return; to tap blocks '
                     f'{tuple(values)} for the four levels (what out_indices meant in '
                     f'earlier mmsoft versions and in XCiT\'s own configs), set '
@@ -310,14 +309,11 @@ class XCiTSimA(Backbone):
         def up():
             return nn.ConvTranspose2d(C, C, 2, 2)
 
-        def pool(k):
-            return CeilMaxPool(k)
-
         if patch_size == 16:
             ops = (lambda: nn.Sequential(up(), build_norm(norm_cfg, C), nn.GELU(), up()),
-                   up, nn.Identity, lambda: pool(2))
+                   up, nn.Identity, lambda: CeilMaxPool(2))
         else:
-            ops = (up, nn.Identity, lambda: pool(2), lambda: pool(4))
+            ops = (up, nn.Identity, lambda: CeilMaxPool(2), lambda: CeilMaxPool(4))
         for i in self.out_indices:
             setattr(self, f'fpn{i + 1}', ops[i]())
 
@@ -381,12 +377,11 @@ def checkpoint_filter_fn(state_dict, model=None):
         return kept
     unbuilt = tuple(f'fpn{i + 1}.' for i in range(model.num_levels)
                     if not hasattr(model, f'fpn{i + 1}'))
-    dropped = [k for k in kept if k.startswith(unbuilt)] if unbuilt else []
+    dropped = [k for k in kept if k.startswith(unbuilt)]
     if dropped:
         print_log(f'XCiTSimA: {sorted({k.split(".")[0] for k in dropped})} of the checkpoint '
                   f'make pyramid levels that out_indices={model.out_indices} does not '
-                  'return: ignored',
-                  logger='current', level=logging.INFO)
+                  'return: ignored', logger='current', level=logging.INFO)
         kept = {k: v for k, v in kept.items() if not k.startswith(unbuilt)}
     ids = {int(k.split('.')[1]) for k in kept if k.startswith('blocks.')}
     if not ids:

@@ -214,6 +214,3 @@ def test_shared_arguments_are_checked_alike(cls, arch, kwargs, match):
     name in the message."""
     with pytest.raises(ValueError, match=f'{cls.__name__}: {match}'):
         cls(arch=arch, **kwargs)
-
-
-
