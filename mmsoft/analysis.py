@@ -11,23 +11,30 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from .models.attention import (EXACT_PINV_METHODS, Inputs, gaussian_kernel, newton_alpha,
-                               newton_pinv, newton_pinv_error, normalize_inverse, plan_for,
-                               select_variant)
-from .models.attention.step_size import ALPHA_BOUND, alpha_candidates, first_step_bound
+from .models.attention import (Inputs, gaussian_kernel, newton_alpha, newton_pinv_error,
+                               normalize_inverse, plan_for, select_variant)
+from .models.attention.newton import ALPHA_BOUND, first_step_bound
 from .models.backbones.soft import SoftKernelAttention
 from .models.backbones.xcit_sima import SimAAttention
 
 
 def _planned_pinv(A, iters):
-    """The T-step iterate of A (``iters`` steps), formed by the library's method 'auto'
-    takes under the plan in force for A's device in a training step, which forms it
-    (not 'tridiagonal', which only applies it; 'iterative' where that is another
-    package's variant)."""
-    plan = plan_for(A.device.type)
-    name = select_variant('auto', plan, replace(Inputs.of(A), grad=True)).name
-    return newton_pinv(A, iters, name if name in EXACT_PINV_METHODS else 'iterative',
-                       tf32_float32_steps=plan.tf32_float32_steps, pad_to=plan.pinv_pad)
+    """The T-step iterate of A (``iters`` steps) as the variant 'auto' takes under the
+    plan in force for A's device computes it in a training step: its W = A⁺·I."""
+    variant = select_variant('auto', plan_for(A.device.type), replace(Inputs.of(A, A), grad=True))
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    with torch.no_grad():
+        return variant.apply(A, eye, iters)
+
+
+def _alpha_margin(A, max_halvings=10):
+    """min |‖I - α_j·A²‖₁ - ``ALPHA_BOUND``| over ``newton_alpha``'s candidates α_j = α/2^j
+    (α = 2 / (max row sum)²) and the kernels A (..., m, m), from the norm's definition."""
+    alpha = 2 * A.sum(-1).amax(-1)[..., None, None].pow(-2)
+    AA = A @ A
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    return min((eye - alpha / 2**j * AA).abs().sum(-2).amax(-1).sub(ALPHA_BOUND).abs().min().item()
+               for j in range(max_halvings))
 
 
 def soft_attention_inputs(model, x):
@@ -186,13 +193,13 @@ def newton_boundary(model, x, iters=20, near=1.9):
         ``newton_alpha`` and the kernels (float64, of the kernel in the landmarks'
         dtype; a margin within that dtype's rounding, ~1e-7 for float32, is a tie that
         another order of sums can decide the other way); ``first_step_bound``: the
-        largest bound on αλ² of any kernel from its row sums (``step_size.first_step_bound``,
+        largest bound on αλ² of any kernel from its row sums (``newton.first_step_bound``,
         O(m²): at most 1 proves every eigenvalue far from the step size's boundary 2).
     """
     out = {}
     for name, (_, _, lm, _) in soft_attention_inputs(model, x).items():
         A = gaussian_kernel(lm, lm).double()
-        margin = (alpha_candidates(A)[1] - ALPHA_BOUND).abs().min().item()
+        margin = _alpha_margin(A)
         alpha = newton_alpha(A, nonnegative=True).squeeze(-1)  # (..., 1)
         xs = alpha * torch.linalg.eigvalsh(A).pow(2)  # αλ², (..., m)
         shortfall = torch.exp(float(2**iters) * torch.log((1 - xs).abs().clamp_min(1e-300)))

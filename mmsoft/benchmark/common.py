@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ IMPORT_PATHS = []
 def import_modules(names):
     """Import each module of ``names`` before anything runs, as mmengine's
     ``custom_imports`` (the tools' ``--import``): a package outside mmsoft registers its
-    variants, kernel products and benchmark sections so, e.g. ``projects.soft_lab``.
+    variants and benchmark sections so, e.g. ``projects.soft_lab``.
 
     ``python tools/...`` puts the script's directory on sys.path, not the working
     directory: a module of a checkout's ``projects/`` that is not found is looked for
@@ -78,16 +78,16 @@ def import_modules(names):
 
 # ----------------------------------------------------------------------------- models
 SOFT_MODES = {
-    # name: (SOFT kwargs, plan choices forced while it runs, description)
-    'official order': (dict(pinv_method='iterative'), dict(order='official'),
+    # name: (SOFT kwargs, path run ('official': the official order), description)
+    'official order': (dict(pinv_method='iterative'), 'official',
                        'reference algorithm, official cost'),
     'iterative': (dict(pinv_method='iterative'), None, '20 iterations, P once, P·(Â·(PᵀV))'),
     'spectral': (dict(pinv_method='spectral'), None,
                  'same 20-step iterate via one eigendecomposition (float32 where a bound '
                  'allows it, else float64)'),
     'tf32': (dict(pinv_method='tf32'), None,
-             "same iterate, TF32 products between the plan's float32 steps (emulated off "
-             'CUDA)'),
+             "same iterate, TF32 products between float32 steps (CUDA's plan's where it "
+             'lists it; emulated off CUDA)'),
     'auto': (dict(pinv_method='auto'), None, "default: per device and m (the plan's pinv)"),
     'regularized': (dict(pinv_method='regularized'), None,
                     'fast: Tikhonov solve (A²+μI)⁻¹A, μ = 1/(α·2^T), Cholesky'),
@@ -107,12 +107,11 @@ CUDA_ONLY_MODES = ('tf32', ) + GRAPH_MODES
 
 
 def mode_plan(mode):
-    """The plan choices of a SOFT mode forced for a block (``attention_plan``; nothing for
-    modes without any, or for None). 'official order' runs the official computation
-    order (P·Â)·(Pᵀ·V) (``mmsoft.models.attention.official_order_attention``): the
-    reference algorithm at the official cost."""
-    choices = SOFT_MODES[mode][1] if mode is not None else None
-    return attention_plan(**choices) if choices else nullcontext()
+    """The block a SOFT mode runs in: 'official order' the official computation order
+    (P·Â)·(Pᵀ·V) (``mmsoft.testing.official_order``), the reference algorithm at the
+    official cost; nothing for the others (or None)."""
+    path = SOFT_MODES[mode][1] if mode is not None else None
+    return path_context(path, 'cpu') if path else nullcontext()
 
 
 def build(name, mode='auto'):
@@ -141,40 +140,29 @@ def build(name, mode='auto'):
 
 def path_plan(name, device):
     """The ``AttentionPlan`` a path name stands for, run on ``device`` (the paths of
-    tools/analysis_tools/fidelity.py and of the benchmark's ``--soft-plans``):
+    tools/analysis_tools/fidelity.py and of the benchmark's ``--soft-plans``; 'official'
+    is no plan: ``path_context``):
 
       default                 the plan of ``device``'s type
       cpu, cuda               a device type's plan (CUDA's on the CPU: TF32 emulated)
-      official                the official computation order
-      iterative               the formed float32 iterate
+      iterative               the reference, the formed float32 iterate
       spectral                one eigendecomposition (float32 where a first-order bound
                               allows it, else float64)
       tf32-F-L[-padN][-thinK] TF32 products between F float32 steps first and L last,
                               with m zero-padded to a multiple of N; the last K float32
                               steps applied to the thin matrix
 
-    each followed by modifiers ``+X``, X a registered name, e.g. ``cuda+tf32-guarded``
-    or ``default+triton_chunks``:
-
-      +VARIANT                an inverse variant (``VARIANTS``) in place of every
-                              'tf32' of the plan's ``pinv`` (a plan without one, as
-                              the CPU's, is an error)
-      +PRODUCTS               kernel products (``KERNEL_PRODUCTS``) tried before the
-                              plan's ``kernel_products``
-
-    A package outside mmsoft registers its candidates when it is imported (the tools'
-    ``--import``, ``import_modules``).
+    each followed by modifiers ``+VARIANT``, a registered variant's name (e.g.
+    ``cuda+tf32-guarded``), in place of every 'tf32' of the plan, with its options where
+    it is a kind of ``TF32`` (a plan without 'tf32', as the CPU's, is an error). A package
+    outside mmsoft registers its variants when it is imported (the tools' ``--import``,
+    ``import_modules``).
     """
-    from mmsoft.models.attention import KERNEL_PRODUCTS, PLANS, VARIANTS, plan_for
+    from mmsoft.models.attention import PLANS, TF32, VARIANTS, plan_for
     base = plan_for(torch.device(device).type)
-    fixed = {
-        'default': base,
-        'cpu': PLANS['cpu'],
-        'cuda': PLANS['cuda'],
-        'official': replace(base, order='official'),
-        'iterative': replace(base, pinv='iterative', thin_steps=0),
-        'spectral': replace(base, pinv='spectral'),
-    }
+    fixed = {'default': base, 'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
+             'iterative': replace(base, pinv='iterative'),
+             'spectral': replace(base, pinv='spectral')}
     full = name
     name, *modifiers = name.split('+')
     if name in fixed:
@@ -182,32 +170,43 @@ def path_plan(name, device):
     else:
         match = re.fullmatch(r'tf32-(\d+)-(\d+)(?:-pad(\d+))?(?:-thin(\d+))?', name)
         if match is None:
-            raise ValueError(f'unknown path {name!r}: one of {sorted(fixed)} or '
-                             'tf32-F-L[-padN][-thinK], then +modifiers')
-        first, last, pad, thin = match.groups()
-        plan = replace(base, pinv='tf32', tf32_float32_steps=(int(first), int(last)),
-                       pinv_pad=int(pad or 1), thin_steps=int(thin or 0))
+            raise ValueError(f'unknown path {name!r}: one of {sorted([*fixed, "official"])} '
+                             'or tf32-F-L[-padN][-thinK], then +modifiers')
+        first, last, pad, thin = (int(g or d) for g, d in zip(match.groups(), (0, 0, 1, 0)))
+        plan = replace(base, pinv=TF32(float32_steps=(first, last), pad_to=pad,
+                                       thin_steps=thin))
     for modifier in modifiers:
-        if modifier in VARIANTS:
-            if not any(variant == 'tf32' for _, variant in plan.pinv):
-                raise ValueError(f"path {full!r}: +{modifier} replaces the plan's 'tf32', "
-                                 f'and {name!r} on {device} lists none (pinv={plan.pinv})')
-            plan = replace(plan, pinv=tuple((m, modifier if v == 'tf32' else v)
-                                            for m, v in plan.pinv))
-        elif modifier in KERNEL_PRODUCTS:
-            plan = replace(plan, kernel_products=(modifier, ) + plan.kernel_products)
-        else:
-            raise ValueError(f'unknown path modifier {modifier!r} in {full!r}: an inverse '
-                             f'variant ({", ".join(VARIANTS)}) or kernel products '
-                             f'({", ".join(KERNEL_PRODUCTS)}), as registered')
+        if modifier not in VARIANTS:
+            raise ValueError(f'unknown path modifier {modifier!r} in {full!r}: a variant '
+                             f'({", ".join(VARIANTS)}), as registered')
+        if not any(v.name == 'tf32' for _, v in plan.pinv):
+            raise ValueError(f"path {full!r}: +{modifier} replaces the plan's 'tf32', "
+                             f'and {name!r} on {device} lists none (pinv={plan.pinv})')
+        new = VARIANTS[modifier]
+
+        def like(v):  # the plan's TF32 options carried over to a kind of TF32
+            if v.name != 'tf32':
+                return v
+            if not isinstance(new, TF32):
+                return new
+            return replace(new, **{f.name: getattr(v, f.name) for f in fields(v)})
+        plan = replace(plan, pinv=tuple((m, like(v)) for m, v in plan.pinv))
     return plan
 
 
+def path_context(name, device):
+    """The block that runs path ``name`` on ``device``: 'official' the official order
+    (``mmsoft.testing.official_order``), another its plan (``path_plan``) forced for
+    ``device``'s type."""
+    if name == 'official':
+        from mmsoft.testing import official_order
+        return official_order()
+    return attention_plan(path_plan(name, device), device=torch.device(device).type)
+
+
 def measure_path(name, size, device, repeat, train=False, batch=1, amp=None):
-    """``measure`` of SOFT-S (``pinv_method='auto'``) with the plan of path ``name``
-    (``path_plan``) forced for ``device``'s type."""
-    plan = path_plan(name, device)
-    with attention_plan(plan, device=torch.device(device).type):
+    """``measure`` of SOFT-S (``pinv_method='auto'``) on path ``name`` (``path_context``)."""
+    with path_context(name, device):
         return measure(build('SOFT-S'), size, device, repeat, train=train, batch=batch,
                        amp=amp)
 

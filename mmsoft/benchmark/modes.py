@@ -3,9 +3,9 @@
 on the parity fixture input and on a real photo (scikit-image's astronaut), and from the
 outputs the official code produced for the fixture (tests/data/).
 
-'official order' runs SOFT's attention in the official computation order (the plan's
-``order='official'``); the exact methods ('iterative', 'spectral', 'tf32', 'auto': what
-the plan's ``pinv`` picks) compute the same iterate.
+'official order' runs SOFT's attention in the official computation order
+(``mmsoft.testing.official_order``); the exact methods ('iterative', 'spectral', 'tf32',
+'auto': what the plan's ``pinv`` picks) compute the same iterate.
 """
 import torch
 

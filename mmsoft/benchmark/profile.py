@@ -6,9 +6,8 @@ what the next change should take on.
 """
 import torch
 
-from mmsoft.models.attention import attention_plan
 
-from .common import build, fmt, measure, parse_size, path_plan, sync
+from .common import build, fmt, measure, parse_size, path_context, sync
 
 PROFILE_TOP = 12  # kernels listed per step
 
@@ -57,8 +56,7 @@ def section_profile(args, out):
             for train in (False, True):
                 batch = args.train_batch if train else 1
                 step = f'training step, batch {batch}' if train else 'forward, batch 1'
-                with attention_plan(path_plan(path, args.device),
-                                    device=torch.device(args.device).type):
+                with path_context(path, args.device):
                     wall, kernels = profile_step(build('SOFT-S'), size, args.device, train,
                                                  batch)
                 total = sum(t for t, _ in kernels.values())

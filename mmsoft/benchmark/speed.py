@@ -2,7 +2,7 @@
 
   speed  forward (batch 1, no grad) of SOFT-S, Swin-T, PVT-S, ResNet-50, XCiT-SimA and
          MMPretrain's XCiT-S12/16 at each ``--sizes`` entry, and SOFT-S in the official
-         computation order (the plan's ``order='official'``), all models in turn for
+         computation order (``mmsoft.testing.official_order``), all models in turn for
          ``--rounds`` rounds (median per model), with ratios to Swin-T
   train  forward + backward of SOFT-S (default and fast modes) and Swin-T at
          ``--train-batch`` images: a training step without the optimizer

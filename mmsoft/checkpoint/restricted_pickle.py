@@ -35,6 +35,8 @@ import functools
 import pickle
 import types
 
+from .allow_list import mmengine_checkpoint_globals
+
 __all__ = ['RefusedGlobal', 'Unpickler', 'load', 'allowed_globals']
 
 
@@ -48,8 +50,6 @@ def _allowed():
     import collections
 
     import torch
-
-    from .safe_load import mmengine_checkpoint_globals
 
     entries = {}
 

@@ -29,7 +29,6 @@ environment variable from the start, a :func:`trust` block while it is open, in 
 thread. A refusal is not state: each :class:`UntrustedCheckpointError` carries its own
 file and reason.
 """
-import argparse
 import collections
 import contextlib
 import os
@@ -38,8 +37,11 @@ import pickle
 import re
 import threading
 
-import numpy as np
 import torch
+
+from . import restricted_pickle
+from .allow_list import (_GETATTR_NAME, HISTORY_BUFFER_STATISTICS, history_buffer_statistic,
+                         mmengine_checkpoint_globals)
 
 __all__ = ['ALLOW_LIST', 'TRUSTED_ENV', 'UntrustedCheckpointError', 'history_buffer_statistic',
            'history_buffer_table_kept', 'mmengine_checkpoint_globals', 'protection',
@@ -52,8 +54,6 @@ TRUSTED_ENV = 'MMSOFT_TRUSTED_CHECKPOINTS'
 # (:func:`protection`).
 ALLOW_LIST = all(hasattr(torch.serialization, f) for f in (
     'get_safe_globals', 'clear_safe_globals', 'add_safe_globals'))
-HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
-_GETATTR_NAME = 'builtins.getattr'
 
 
 class UntrustedCheckpointError(pickle.UnpicklingError):
@@ -67,40 +67,6 @@ class UntrustedCheckpointError(pickle.UnpicklingError):
         super().__init__(message)
         self.source = source
         self.reason = reason
-
-
-def history_buffer_statistic(owner, name):
-    """What ``builtins.getattr`` resolves to while mmsoft loads a checkpoint."""
-    from mmengine.logging import HistoryBuffer
-    if owner is HistoryBuffer and name in HISTORY_BUFFER_STATISTICS:
-        return getattr(HistoryBuffer, name)
-    owner = 'getattr' if owner is history_buffer_statistic else repr(owner)
-    raise pickle.UnpicklingError(
-        f'the checkpoint calls getattr({owner}, {name!r}); mmsoft lets checkpoints use '
-        f'getattr only for HistoryBuffer.{"/".join(HISTORY_BUFFER_STATISTICS)}')
-
-
-def _numeric_dtype_classes():
-    # numpy >= 1.25 pickles dtypes through their DType class; object, string and void
-    # dtypes are left out: mmengine and timm checkpoints hold numbers only.
-    if not hasattr(np, 'dtypes'):
-        return []
-    classes = (getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith('DType'))
-    return [c for c in classes
-            if isinstance(getattr(c, 'type', None), type) and issubclass(c.type, (
-                np.number, np.bool_, np.datetime64, np.timedelta64))]
-
-
-def mmengine_checkpoint_globals():
-    """The allow-list entries mmengine and timm checkpoints need, for
-    ``torch.serialization.safe_globals``."""
-    from mmengine.logging.history_buffer import HistoryBuffer
-    try:
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct, scalar
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *_numeric_dtype_classes(),
-            HistoryBuffer, argparse.Namespace, (history_buffer_statistic, _GETATTR_NAME)]
 
 
 def _global_name(entry):
@@ -275,7 +241,6 @@ def protection(protected):
         return {'weights_only': False}
     if ALLOW_LIST:
         return {'weights_only': True}
-    from . import restricted_pickle
     return {'weights_only': False, 'pickle_module': restricted_pickle}
 
 

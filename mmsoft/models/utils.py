@@ -1,8 +1,7 @@
 """What the backbone families share: the ``Backbone`` base class (initialization,
 pretrained loading, freezing, ``norm_eval``, activation checkpointing), arch parsing,
-the MLP and input checks, and a guard for one torch bug. Reading checkpoints and
+the MLP and input checks. Reading checkpoints and
 matching their keys is ``mmsoft.checkpoint``'s."""
-import functools
 import warnings
 
 import torch
@@ -19,39 +18,8 @@ from .attention.dtypes import is_compiling
 
 __all__ = [
     'Backbone', 'DropPath', 'Mlp', 'build_norm', 'check_depths', 'check_input',
-    'eval_batch_norms', 'guard_gelu_grad', 'is_int', 'parse_arch'
+    'eval_batch_norms', 'is_int', 'parse_arch'
 ]
-
-
-@functools.lru_cache(maxsize=None)
-def _gelu_backward_misreads_strides():
-    """Whether this torch's GELU backward on the CPU gets a gradient wrong that is laid
-    out unlike GELU's input: torch 2.1's (its oneDNN kernel) returns uninitialized memory
-    then (pytorch/pytorch#112006). Asked of the kernel itself on 8×8 values, once, at
-    the first training forward on the CPU (not at import)."""
-    x = torch.linspace(-3, 3, 64, dtype=torch.float32).view(8, 8)
-    g = torch.linspace(-1, 1, 64, dtype=torch.float32).view(8, 8).t()  # laid out unlike x
-    with torch.no_grad():
-        strided = torch.ops.aten.gelu_backward(g, x)
-        dense = torch.ops.aten.gelu_backward(g.contiguous(), x)
-    return not torch.allclose(strided, dense)
-
-
-def guard_gelu_grad(y):
-    """y, the output of a GELU whose input is contiguous: where this torch's CPU GELU
-    backward misreads a gradient laid out otherwise (torch 2.1,
-    ``_gelu_backward_misreads_strides``), y's gradient is made contiguous before GELU's
-    backward reads it. Elsewhere, under torch.compile (whose backward is generated, not
-    that kernel) and while tracing (a traced graph keeps no hook), y unchanged, no hook.
-
-    Autograd hands a sum of gradients to GELU's backward in the layout of the first to
-    arrive; the gradient of a product's transposed operand arrives transposed (SOFT's
-    landmarks: from A = κ(Q̃, Q̃)).
-    """
-    if (y.requires_grad and y.device.type == 'cpu' and not is_compiling()
-            and not torch.jit.is_tracing() and _gelu_backward_misreads_strides()):
-        y.register_hook(torch.Tensor.contiguous)
-    return y
 
 
 class Mlp(nn.Module):

@@ -1,54 +1,43 @@
-"""Landmark kernels that are hard for a float32 inverse, and the references the
-pseudo-inverse paths are held to (docs/en/notes/numerics.md).
+"""Landmark kernels that are hard for a float32 inverse, and the paths held to the
+reference on them (docs/en/notes/numerics.md).
 
-The reference is the float64 T-step iterate of the same kernel. On these kernels every
-path stays finite and within ``KERNEL_BOUND`` of it, or within twice the official code's
-float32 iteration's deviation (``official_float32_iterate``) where that itself misses
-``KERNEL_BOUND`` (``kernel_bound``); the ratio to the official iteration is reported
-(tools/analysis_tools/pinv_accuracy.py), not gated: fidelity is judged on the network's
-outputs (``fidelity``). Used by the numerics tests and pinv_accuracy.py.
+The reference is the float64 run of the library's reference iterate
+(``newton_iterate``, SOFT IJCV 2024 Alg. 2) on the same kernel. On these kernels every
+path stays finite and within ``KERNEL_BOUND`` of it, or within twice the float32
+reference's deviation where that itself misses ``KERNEL_BOUND`` (``kernel_bound``); the
+ratio to the float32 reference is reported (tools/analysis_tools/pinv_accuracy.py), not
+gated: fidelity is judged on the network's outputs (``fidelity``).
 """
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from ..models.attention import PLANS, gaussian_kernel, newton_alpha, newton_pinv_apply
-from ..models.attention.spectral import tridiagonal_apply
+from ..models.attention import PLANS, TF32, VARIANTS, gaussian_kernel, newton_iterate
 
 __all__ = [
-    'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'float64_iterate',
-    'hard_landmarks', 'hard_problem', 'inference_only', 'kernel_bound',
-    'official_float32_iterate',
-    'pinv_accuracy', 'relative_deviation'
+    'HARD_KERNELS', 'KERNEL_BOUND', 'PINV_PATHS', 'PLAN_PATHS', 'hard_landmarks',
+    'hard_problem', 'kernel_bound', 'pinv_accuracy', 'relative_deviation'
 ]
 
 HARD_KERNELS = ('clustered', 'pooled', 'duplicated', 'near_rank1', 'near_identity',
                 'boundary')
 KERNEL_BOUND = 1e-3
 
-# The ways to compute A⁺·Z the library's variants take (``newton_pinv_apply`` arguments;
-# 'tf32' with the schedule off CUDA, ``newton.TF32_FLOAT32_STEPS``, and with CUDA's
-# plan's), each held to ``kernel_bound`` on the hard kernels.
-_CUDA = PLANS['cuda']
+# The variants a plan may run (CUDA's 'tf32' with its options and without its thin
+# steps; 'tf32' with the defaults, as off CUDA, also padded), each held to
+# ``kernel_bound`` on the hard kernels. 'tridiagonal' computes no gradients.
+_CUDA_TF32 = next(v for _, v in PLANS['cuda'].pinv if v.name == 'tf32')
 PINV_PATHS = {
-    'iterative': dict(method='iterative'),
-    'spectral': dict(method='spectral'),
-    'tf32': dict(method='tf32'),
-    'tf32, padded to 8': dict(method='tf32', pad_to=8),
-    "tf32, CUDA's plan": dict(method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps,
-                              pad_to=_CUDA.pinv_pad),
-    "tf32, CUDA's plan, last steps thin": dict(
-        method='tf32', tf32_float32_steps=_CUDA.tf32_float32_steps, pad_to=_CUDA.pinv_pad,
-        thin_steps=_CUDA.thin_steps),
-    # the variant 'tridiagonal' (``spectral.tridiagonal_apply``; inference only, SciPy)
-    'spectral, tridiagonal': dict(method='tridiagonal'),
+    'iterative': VARIANTS['iterative'],
+    'spectral': VARIANTS['spectral'],
+    'tf32': TF32(),
+    'tf32, padded to 8': TF32(pad_to=8),
+    "tf32, CUDA's plan": replace(_CUDA_TF32, thin_steps=0),
+    "tf32, CUDA's plan, last steps thin": _CUDA_TF32,
+    'spectral, tridiagonal': VARIANTS['tridiagonal'],
 }
 PLAN_PATHS = tuple(PINV_PATHS)
-
-
-def inference_only(kwargs):
-    """Whether a path (``PINV_PATHS``) runs without gradients only: the tridiagonal
-    application."""
-    return kwargs['method'] == 'tridiagonal'
 
 
 def kernel_bound(floor):
@@ -96,25 +85,6 @@ def hard_landmarks(kind, m, d=32, seed=0):
     raise ValueError(f'kind must be one of {HARD_KERNELS}, got {kind!r}')
 
 
-def official_float32_iterate(A, iters=20):
-    """The official code's iterate in float32, V ← 2V - (V·A)·V from V₀ = αA (one α per
-    matrix; paper Alg. 2): what the paths' deviations are reported against."""
-    A = A.float()
-    V = newton_alpha(A) * A
-    for _ in range(iters):
-        V = 2 * V - (V @ A) @ V
-    return V
-
-
-def float64_iterate(A, iters=20):
-    """The reference: the T-step iterate of A in float64."""
-    A = A.double()
-    V = newton_alpha(A) * A
-    for _ in range(iters):
-        V = 2 * V - V @ (A @ V)
-    return V
-
-
 def relative_deviation(W, ref):
     """max|W - ref| / max|ref|, in float64."""
     return ((W.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
@@ -122,19 +92,19 @@ def relative_deviation(W, ref):
 
 def hard_problem(kind, m, seed=0, n=32):
     """A hard float32 kernel A (m, m) (``hard_landmarks``), a Z (m, n), the reference
-    A⁺·Z (the float64 iterate of A, times Z) and the floor: the official float32
-    iteration's deviation from it."""
+    A⁺·Z (the float64 iterate of A, times Z) and the floor: the float32 reference
+    iterate's deviation from it."""
     x = hard_landmarks(kind, m, seed=seed)
     A = gaussian_kernel(x, x).float()
     Z = torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 1))
-    ref = float64_iterate(A) @ Z.double()
-    return A, Z, ref, relative_deviation(official_float32_iterate(A) @ Z, ref)
+    ref = newton_iterate(A.double()) @ Z.double()
+    return A, Z, ref, relative_deviation(newton_iterate(A) @ Z, ref)
 
 
 def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     """Output deviation of A⁺·Z from the float64 iterate for a hard kernel, per path
     (``PINV_PATHS``, run on ``device``: 'tf32' on CUDA with the GPU's own TF32), next to
-    the official float32 iteration's (``hard_problem``, on the CPU).
+    the float32 reference's (``hard_problem``, on the CPU).
 
     Returns:
         dict: ``floor`` (the official float32 deviation), ``bound`` (``kernel_bound``) and,
@@ -145,15 +115,11 @@ def pinv_accuracy(kind, m, seed=0, n=32, paths=PLAN_PATHS, device='cpu'):
     A, Z, ref, floor = hard_problem(kind, m, seed, n)
     out = dict(floor=floor, bound=kernel_bound(floor))
     for name in paths:
-        kwargs = PINV_PATHS[name]
-        for grad in ((False, ) if inference_only(kwargs) else (False, True)):
+        variant = PINV_PATHS[name]
+        for grad in ((False, True) if variant.gradients else (False, )):
             with torch.set_grad_enabled(grad):
                 a, z = A.to(device, copy=True).requires_grad_(grad), Z.to(device)
-                if kwargs['method'] == 'tridiagonal':
-                    W = tridiagonal_apply(a, z, 20, nonnegative=True)
-                else:
-                    W = newton_pinv_apply(a, z, nonnegative=True, **kwargs)
-                W = W.detach().cpu()
+                W = variant.apply(a, z, 20).detach().cpu()
             dev = relative_deviation(W, ref) if torch.isfinite(W).all() else float('inf')
             out[f'{name} {"training" if grad else "inference"}'] = dev
     return out

@@ -9,14 +9,9 @@ The measurements that decide them are the lab's too, not imported here:
 ``tools/analysis_tools/benchmark.py --import projects.soft_lab`` imports) and
 ``device_report.py`` (the GPU machine's one command).
 """
-from .variants import (FIRST_STEP_BOUND, FP16_PRODUCTS, Fp16Products, Fp16TF32, GuardedTF32,
-                       HornerTF32, TritonChunks, first_steps_needed, register,
-                       round_fp16_scaled, split_fp16)
+from .variants import (FIRST_STEP_BOUND, GuardedTF32, HornerTF32, first_steps_needed,
+                       register)
 
 register()
 
-__all__ = [
-    'FIRST_STEP_BOUND', 'FP16_PRODUCTS', 'Fp16Products', 'Fp16TF32', 'GuardedTF32',
-    'HornerTF32', 'TritonChunks', 'first_steps_needed', 'register', 'round_fp16_scaled',
-    'split_fp16'
-]
+__all__ = ['FIRST_STEP_BOUND', 'GuardedTF32', 'HornerTF32', 'first_steps_needed', 'register']

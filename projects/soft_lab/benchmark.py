@@ -1,28 +1,26 @@
 """The lab's benchmark sections: the measurements behind SOFT's per-device plan
-(``AttentionPlan`` in mmsoft/models/attention/plan.py), one section per field, and the
-candidates' share of them. Importing this module adds them to ``mmsoft.benchmark.SECTIONS``
-ahead of the library's (``register``); tools/analysis_tools/benchmark.py imports it with
-``--import projects.soft_lab``:
+(``AttentionPlan`` in mmsoft/models/attention/plan.py), one section per choice of it (the
+candidates are timed as paths, by the library's ``--soft-plans``). Importing this module
+adds them to ``mmsoft.benchmark.SECTIONS`` ahead of the library's (``register``);
+tools/analysis_tools/benchmark.py imports it with ``--import projects.soft_lab``:
 
   pinv    the batched 20-step pseudo-inverse alone, by landmark count m, by method (the
           formed iterate, A⁺·Z as inference computes it and with its backward as
-          training does, the thin application, 'spectral', on CUDA the TF32 schedules),
-          also on A zero-padded to aligned sizes: decides ``pinv``,
-          ``tf32_float32_steps``, ``pinv_pad`` and ``thin_steps``
+          training does, with the last steps applied to the thin matrix, 'spectral', on
+          CUDA the TF32 schedules), also on A zero-padded to aligned sizes: decides
+          ``pinv`` and its ``TF32``'s options (``float32_steps``, ``pad_to``,
+          ``thin_steps``)
   matmul  the rate of one m×m product in float32 and TF32: whether TF32 reaches the
-          tensor cores; on CUDA with torch 2.8 on, of the products on fp16 tensor cores
-          of 'tf32-fp16' (``fp16_products.py``), alone and in Newton steps; which call of
-          a TF32 or float32 product (the step's or the product alone, cuBLAS or
-          cuBLASLt, TunableOp) and which padded m run a landmark kernel fastest:
-          ``pinv_pad`` and how the steps call their products
+          tensor cores; which call of a TF32 or float32 product (the step's or the
+          product alone, cuBLAS or cuBLASLt, TunableOp) and which padded m run a
+          landmark kernel fastest: ``TF32.pad_to`` and how the steps call their
+          products
   dwconv  the depthwise conv on V of SOFT-S's stages 1-3 in both layouts of
           ``HeadSharedConv``: decides ``local_conv_layout``
   kernel  the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's stages 1-3, P
-          formed once vs in row chunks, with and without backward, and on CUDA P's
-          chunks from one Triton kernel ('triton_chunks'): decides ``kernel_chunk``,
-          ``kernel_once_up_to`` and ``kernel_products``
+          formed once vs in row chunks, with and without backward: decides
+          ``kernel_chunk`` and ``kernel_once_up_to``
 """
-import importlib.util
 import math
 import os
 import tempfile
@@ -34,71 +32,110 @@ import torch
 
 from mmsoft.benchmark import SECTIONS
 from mmsoft.benchmark.common import build, fmt, parse_size, time_call
-from mmsoft.models.attention import attention_plan, plan_for
+from mmsoft.models.attention import attention_plan
 from mmsoft.models.attention.dtypes import new_tf32_flags
 
 __all__ = ['LAB_SECTIONS', 'register', 'section_dwconv', 'section_kernel', 'section_matmul',
            'section_pinv']
 
 
-def _triton():
-    """Whether Triton is installed (the lab's kernels and conversion passes)."""
-    return importlib.util.find_spec('triton') is not None
-
-
 # ------------------------------------------------------------------------------- pinv
-def _pinv_applied(A, Z, pad_to=1, **kwargs):
-    """A⁺·Z as inference computes it (a column of the pinv section; unpadded unless
-    ``pad_to`` says otherwise, whatever the plan pads)."""
-    from mmsoft.models.attention import newton_pinv_apply
-    return newton_pinv_apply(A, Z, nonnegative=True, pad_to=pad_to, **kwargs)
+ITERS = 20  # the official T
 
 
-def _pinv_trained(A, Z, pad_to=1, **kwargs):
-    """A⁺·Z and its backward (Eq. 16, with ∇W = Z), as a training step computes them
-    (padding as above): with ``thin_steps``, thin where that costs less than forming the
-    steps (``newton._thin_pays_in_training``)."""
-    from mmsoft.models.attention import newton_pinv_apply
+def _formed(A, float32_steps, pad_to=1):
+    """The formed iterate of ``variants.tf32_schedule(T, float32_steps)``, as training
+    forms it for backward (``newton.TF32.apply``'s formed path) on A zero-padded to a
+    multiple of ``pad_to`` landmarks and cut back; with ``float32_steps`` (T, 0) the
+    reference's float32 steps."""
+    from mmsoft.models.attention import newton
+
+    from .variants import tf32_schedule
+    m = A.shape[-1]
+    A3, = newton._flat_padded(A, pad_to)
+    V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A3
+    for count, precision in tf32_schedule(ITERS, float32_steps):
+        V = newton._newton_steps(A3, V, count, precision)
+    return V[:, :m, :m].reshape(A.shape)
+
+
+def _iterative_formed(A, Z, pad_to=1):
+    """The reference iterate formed (``newton.newton_pinv``); padded (``_formed``), its
+    T float32 steps on A zero-padded to a multiple of ``pad_to``, the same iterate."""
+    from mmsoft.models.attention import newton
+    if pad_to == 1:
+        return newton.newton_pinv(A, ITERS, nonnegative=True)
+    return _formed(A, (ITERS, 0), pad_to)
+
+
+def _iterative_applied(A, Z, pad_to=1):
+    """A⁺·Z by the reference ('iterative': the formed iterate times Z); padded, its T
+    float32 steps through ``newton.TF32``'s padding (float32 steps only: the same
+    iterate)."""
+    from mmsoft.models.attention import TF32, VARIANTS
+    if pad_to == 1:
+        return VARIANTS['iterative'].apply(A, Z, ITERS)
+    return TF32(float32_steps=(ITERS, 0), pad_to=pad_to).apply(A, Z, ITERS)
+
+
+def _tf32_applied(A, Z, float32_steps=(ITERS, 0), thin_steps=0, pad_to=1):
+    """A⁺·Z as inference computes it through ``newton.TF32``: TF32 products
+    between ``float32_steps`` (``(T, 0)``: float32 steps only, the reference's), the last
+    ``thin_steps`` applied to Z; unpadded unless ``pad_to`` says otherwise, whatever the
+    plan pads."""
+    from mmsoft.models.attention import TF32
+    return TF32(float32_steps=tuple(float32_steps), pad_to=pad_to,
+                thin_steps=thin_steps).apply(A, Z, ITERS)
+
+
+def _tf32_formed(A, Z, float32_steps, pad_to=1):
+    """The formed TF32 iterate (``_formed``)."""
+    return _formed(A, float32_steps, pad_to)
+
+
+def _trained(apply, A, Z, pad_to=1, **kwargs):
+    """A⁺·Z by ``apply`` and its backward (Eq. 16, with ∇W = Z), as a training step
+    computes them (padding as above): with thin steps, thin where that costs less than
+    forming them (``newton._thin_pays_in_training``)."""
     with torch.enable_grad():
         A = A.detach().requires_grad_()
-        W = newton_pinv_apply(A, Z, nonnegative=True, pad_to=pad_to, **kwargs)
+        W = apply(A, Z, pad_to=pad_to, **kwargs)
         W.backward(Z)
     return W.detach()
 
 
-def _pinv_formed(A, Z, pad_to=1, **kwargs):
-    """The formed iterate, as training keeps it for backward (padding as above)."""
-    from mmsoft.models.attention import newton_pinv
-    return newton_pinv(A, nonnegative=True, pad_to=pad_to, **kwargs)
+def _spectral(A, Z):
+    """A⁺·Z by one eigendecomposition (``spectral.spectral_apply``)."""
+    from mmsoft.models.attention.spectral import spectral_apply
+    return spectral_apply(A, Z, ITERS, nonnegative=True)
 
 
 def pinv_columns(args):
     """{column: fn(A, Z)} of the pinv section: every way the plan can compute the
-    iterate on this device, with m zero-padded to a multiple of ``--pinv-pad`` too."""
+    iterate on this device, with m zero-padded to a multiple of ``--pinv-pad`` too.
+    'iterative, last 4 thin, training' is the reference's float32 steps with the last 4
+    thin (``TF32`` with float32 steps (16, 4): no TF32 step)."""
     cols = {
-        'iterative': partial(_pinv_formed, method='iterative'),
-        'iterative, applied': partial(_pinv_applied, method='iterative'),
-        'iterative, thin': partial(_pinv_applied, method='iterative', thin_steps=20),
-        'iterative, training': partial(_pinv_trained, method='iterative'),
-        'iterative, last 4 thin, training': partial(_pinv_trained, method='iterative',
-                                                    thin_steps=4),
-        'spectral': partial(_pinv_applied, method='spectral'),
+        'iterative': _iterative_formed,
+        'iterative, applied': _iterative_applied,
+        'iterative, training': partial(_trained, _iterative_applied),
+        'iterative, last 4 thin, training': partial(
+            _trained, _tf32_applied, float32_steps=(ITERS - 4, 4), thin_steps=4),
+        'spectral': _spectral,
     }
     if args.device == 'cuda':  # elsewhere TF32 is only emulated
         for first, last in args.tf32_schedules:
-            cols[f'tf32 {first}+{20 - first - last}+{last}, applied'] = partial(
-                _pinv_applied, method='tf32', tf32_float32_steps=(first, last))
-            cols[f'tf32 {first}+{20 - first - last}+{last}'] = partial(
-                _pinv_formed, method='tf32', tf32_float32_steps=(first, last))
+            name = f'tf32 {first}+{ITERS - first - last}+{last}'
+            steps = (first, last)
+            cols[f'{name}, applied'] = partial(_tf32_applied, float32_steps=steps)
+            cols[name] = partial(_tf32_formed, float32_steps=steps)
             if last:
-                cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin'] = partial(
-                    _pinv_applied, method='tf32', tf32_float32_steps=(first, last),
-                    thin_steps=last)
-                cols[f'tf32 {first}+{20 - first - last}+{last}, training'] = partial(
-                    _pinv_trained, method='tf32', tf32_float32_steps=(first, last))
-                cols[f'tf32 {first}+{20 - first - last}+{last}, last {last} thin, '
-                     'training'] = partial(_pinv_trained, method='tf32',
-                                           tf32_float32_steps=(first, last), thin_steps=last)
+                cols[f'{name}, last {last} thin'] = partial(
+                    _tf32_applied, float32_steps=steps, thin_steps=last)
+                cols[f'{name}, training'] = partial(_trained, _tf32_applied,
+                                                    float32_steps=steps)
+                cols[f'{name}, last {last} thin, training'] = partial(
+                    _trained, _tf32_applied, float32_steps=steps, thin_steps=last)
     k = args.pinv_pad
     if k > 1:  # the iterations again on sizes padded to a multiple of k
         for name in [c for c in cols if not c.startswith('spectral')]:
@@ -126,13 +163,13 @@ def section_pinv(args, out):
     out['pinv'] = rows
     lines.append("\n'iterative' forms the iterate (2T products, what training keeps for "
                  "backward); 'applied' is A⁺·Z for a thin 32-column Z as inference "
-                 "computes it (the formed iterate times Z); 'thin' applies the T steps to "
-                 "Z (T m×m products); 'spectral': one eigendecomposition (float32 where "
-                 "a first-order bound allows it, else float64) and A⁺·Z; "
-                 "'tf32 F+M+L': F float32 steps, M with TF32 products, L float32 steps; "
-                 "'last L thin': those L applied to Z (L m×m products instead of 2L); "
-                 "'training': A⁺·Z and its backward (Eq. 16), thin where that costs less "
-                 "than forming the steps.")
+                 "computes it (the formed iterate times Z); 'spectral': one "
+                 'eigendecomposition (float32 where a first-order bound allows it, else '
+                 "float64) and A⁺·Z; 'tf32 F+M+L': F float32 steps, M with TF32 products, "
+                 "L float32 steps; 'last L thin': those L applied to Z (L m×m products "
+                 "instead of 2L; 'iterative, last 4 thin': the reference's float32 steps, "
+                 "the last 4 applied to Z); 'training': A⁺·Z and its backward (Eq. 16), "
+                 'thin where that costs less than forming the steps.')
     if args.pinv_pad > 1:
         lines.append(f"'padded': A with zero rows and columns up to a multiple of "
                      f'{args.pinv_pad} (the same iterate on its block; aligned sizes for '
@@ -141,32 +178,11 @@ def section_pinv(args, out):
 
 
 # ----------------------------------------------------------------------------- matmul
-# the matmul section's columns for the fp16 products of 'tf32-fp16' (``fp16_products.py``:
-# cuBLAS's fp16 products of operands converted in a pass of their own): column ->
-# precision ('fp16': TF32's rounding; 'fp16x3': three products of split operands)
-FP16_CUBLAS = 'fp16 cuBLAS'
-FP16X3_CUBLAS = 'fp16x3 cuBLAS'
-FP16_KINDS = {FP16_CUBLAS: 'fp16', FP16X3_CUBLAS: 'fp16x3'}
-THREE_PRODUCTS = (FP16X3_CUBLAS, )
-
-
-def _fp16_kinds(device):
-    """The columns of ``FP16_KINDS`` that run on ``device``: on CUDA, with Triton (the
-    conversion passes) and cuBLAS's fp16 products with float32 results (torch 2.8 on)."""
-    if device != 'cuda' or not _triton():
-        return ()
-    from .fp16_products import cublas_fp16
-    return tuple(FP16_KINDS) if cublas_fp16() else ()
-
-
 def _product(kind, a, b):
     """One batched product of the iteration's shape (2a - a·b), as ``kind`` runs it."""
     from mmsoft.models.attention import newton
     if kind == 'float32':
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
-    if kind in FP16_KINDS:  # the operands' maxima, conversions and products
-        from .fp16_products import product
-        return product(a, a, b, beta=2, alpha=-1, precision=FP16_KINDS[kind])[0]
     with newton.cuda_tf32_matmuls():  # 'tf32': what a TF32 step of 'tf32' runs
         return torch.baddbmm(a, a, b, beta=2, alpha=-1)
 
@@ -206,47 +222,6 @@ def _tf32_conversion(m, device):
                    / scale).item()
             for name, conv in (('rounded', newton.round_tf32), ('cut', _cut_tf32),
                                ('float32', lambda t: t))}
-
-
-def _kernel_deviations(m, device):
-    """{column: max |Δ| / max |product|} of the fp16 products (``_fp16_kinds``) of 8 m×m
-    matrices against float64: of the operands themselves ('fp16x3': float32's accuracy)
-    or of the operands rounded as 'fp16' rounds them (``variants.round_fp16_scaled``):
-    what is left is the tensor cores' accumulation, float32's ~1e-6 if it is float32."""
-    from .fp16_products import product
-    from .variants import round_fp16_scaled
-    g = torch.Generator(device=device).manual_seed(0)
-    a, b = (torch.randn(8, m, m, device=device, generator=g) for _ in range(2))
-    deviations = {}
-    for kind in _fp16_kinds(device):
-        precision = FP16_KINDS[kind]
-        out = product(None, a, b, precision=precision)[0]
-        x, y = ((round_fp16_scaled(t) for t in (a, b)) if precision == 'fp16' else (a, b))
-        ref = torch.bmm(x.double(), y.double())
-        deviations[kind] = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-    return deviations
-
-
-STEPS_TIMED = 4
-
-
-def _step_times(args, m, steps=STEPS_TIMED, runs=3):
-    """{column: seconds per Newton step} of ``steps`` steps in a row (the mean of
-    ``runs`` calls) on 20 Gaussian kernels of m landmarks (V₀ = αA): the library's
-    float32 and TF32 steps, and where they run the fp16 products' ('tf32-fp16''s TF32
-    steps and float32 steps, ``FP16_PRODUCTS.steps``)."""
-    from mmsoft.models.attention import gaussian_kernel, newton
-
-    from .variants import FP16_PRODUCTS
-    x = torch.randn(20, m, 32, device=args.device) * 0.3
-    A = gaussian_kernel(x, x)
-    V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A
-    calls = {'float32': partial(newton._newton_steps, A, V, steps),
-             'tf32': partial(newton._newton_steps, A, V, steps, 'tf32')}
-    for kind in _fp16_kinds(args.device):  # 'fp16' makes the TF32 steps, 'fp16x3' float32's
-        precision = 'tf32' if FP16_KINDS[kind] == 'fp16' else 'float32'
-        calls[kind] = partial(FP16_PRODUCTS.steps, A, V, steps, precision)
-    return {k: time_call(args, fn, runs=runs) / steps for k, fn in calls.items()}
 
 
 # -------------------------------------------------------- matmul: the product's calls
@@ -423,15 +398,13 @@ def _call_lines(sweep, precision):
 
 
 def section_matmul(args, out):
-    """The rate of the iteration's m×m products: float32 and TF32, and where they run
-    (``_fp16_kinds``) the fp16 products of 'tf32-fp16' with their deviations and Newton
-    steps, at aligned and unaligned m (CUDA; on another device only float32). Then the
-    call sweep (``_call_sweep``): one TF32 and one float32 product called each way torch
-    can call it, at SOFT-S's landmark batches, per padded m (on another device float32
-    only)."""
+    """The rate of the iteration's m×m products: float32 and TF32, at aligned and
+    unaligned m (CUDA; on another device only float32), and how the GPU converts TF32
+    operands and which GEMM kernels run. Then the call sweep (``_call_sweep``): one TF32
+    and one float32 product called each way torch can call it, at SOFT-S's landmark
+    batches, per padded m (on another device float32 only)."""
     from mmsoft.models.attention import newton
-    fp16 = _fp16_kinds(args.device)
-    kinds = ('float32', 'tf32') + fp16 if args.device == 'cuda' else ('float32', )
+    kinds = ('float32', 'tf32') if args.device == 'cuda' else ('float32', )
     sizes = sorted({*args.matmul_sizes})
     lines = ['| m | batch | ' + ' | '.join(f'{k}: ms, TFLOP/s' for k in kinds) + ' |',
              '|---|---|' + '---|' * len(kinds)]
@@ -451,14 +424,11 @@ def section_matmul(args, out):
     for m in sizes:
         a = torch.randn(20, m, m, device=args.device) / m**0.5
         b = torch.randn(20, m, m, device=args.device) / m**0.5
-        flops = 2 * 20 * m**3  # one product; three for the split ones
+        flops = 2 * 20 * m**3
         t = {k: time_call(args, partial(_product, k, a, b)) for k in kinds}
         rows[m] = t
-        cells = []
-        for k in kinds:
-            f = flops * 3 if k in THREE_PRODUCTS else flops
-            cells.append(f'{t[k] * 1e3:.2f} ms, {f / t[k] / 1e12:.0f}')
-        lines.append(f'| {m} | 20 | ' + ' | '.join(cells) + ' |')
+        lines.append(f'| {m} | 20 | ' + ' | '.join(
+            f'{t[k] * 1e3:.2f} ms, {flops / t[k] / 1e12:.0f}' for k in kinds) + ' |')
     if args.device == 'cuda':  # how tensor cores convert float32 operands to TF32
         conversion = {m: _tf32_conversion(m, args.device) for m in sizes}
         out['tf32_conversion'] = conversion
@@ -468,34 +438,11 @@ def section_matmul(args, out):
                      'one near float32 summation error (~1e-6).\n')
         lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
                   for m, c in conversion.items()]
-    if fp16:  # the fp16 products against float64, then whole Newton steps, each way
-        kernel = {m: _kernel_deviations(m, args.device) for m in sizes}
-        out['kernel_deviations'] = kernel
-        lines.append("\nThe fp16 products against float64 (max |Δ| / max |product|, 8 m×m "
-                     "matrices) of the operands ('fp16x3': float32's accuracy) or of the "
-                     "operands rounded as 'fp16' rounds them (round_fp16_scaled): near "
-                     "float32's summation error (~1e-6) where the tensor cores accumulate "
-                     'in float32.\n')
-        lines += [f'- m = {m}: ' + ', '.join(f'{k} {v:.1e}' for k, v in c.items())
-                  for m, c in kernel.items()]
-        steps = {m: _step_times(args, m) for m in sizes}
-        out['newton_steps'] = steps
-        names = list(next(iter(steps.values())))
-        lines += ['', '| m | batch | ' + ' | '.join(f'{k}: ms per step' for k in names)
-                  + ' |', '|---|---|' + '---|' * len(names)]
-        lines += [f'| {m} | 20 | ' + ' | '.join(f'{t * 1e3:.2f}' for t in r.values())
-                  + ' |' for m, r in steps.items()]
-        lines.append(f'\nNewton steps V ← 2V - V·(A·V) on 20 Gaussian kernels of m '
-                     f'landmarks, {STEPS_TIMED} in a row, time per step: the library\'s '
-                     "float32 and TF32 products, and 'tf32-fp16''s (its TF32 steps from "
-                     "'fp16' products, its float32 steps from 'fp16x3' ones), converting A "
-                     'once and V once for both of its products.')
     if args.device == 'cuda':
-        kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32' (or 'f16')
-        traced = ('float32', 'tf32') + tuple(k for k in fp16 if k == FP16_CUBLAS)
+        kernels = {}  # which GEMM kernels ran: tensor-core ones say 'tf32'
         for m in sizes:
             a = torch.randn(20, m, m, device=args.device)
-            for k in traced:
+            for k in kinds:
                 kernels[f'{k} at m = {m}'] = _gpu_kernels(partial(_product, k, a, a))
         out['matmul_kernels'] = kernels
         lines.append('')
@@ -503,17 +450,9 @@ def section_matmul(args, out):
                   for name, names in kernels.items()]
     out['matmul'] = rows
     lines.append('\nOne batched product a·b (as baddbmm 2a - a·b, the step\'s call) of 20 '
-                 'm×m matrices; TFLOP/s counts 2m³ per product. '
-                 f"{FP16_CUBLAS}: TF32's rounding from fp16 tensor cores, as 'tf32-fp16' "
-                 f'runs its TF32 steps; {FP16X3_CUBLAS}: three fp16 products of split '
-                 "operands, as it runs its float32 steps (×3 in TFLOP/s): cuBLAS's fp16 "
-                 'products of operands converted in a pass of their own, and a pass that '
-                 "undoes the scales (torch 2.8 on); their times include the operands' "
-                 'maxima, which a Newton step takes from the products that made them, and '
-                 'the conversion of both operands, which a Newton step shares between '
-                 'products. TF32 tensor cores should reach several times the float32 '
-                 'rate; if they do not at an aligned m, the TF32 setting does not reach '
-                 'the products that run.')
+                 'm×m matrices; TFLOP/s counts 2m³ per product. TF32 tensor cores should '
+                 'reach several times the float32 rate; if they do not at an aligned m, '
+                 'the TF32 setting does not reach the products that run.')
     # which call of a product, and which padding, runs a landmark kernel fastest
     out['calls'] = {}
     for precision in ('tf32', 'float32') if args.device == 'cuda' else ('float32', ):
@@ -588,28 +527,13 @@ def _kernel_once(q, lm, v, w):
         return P @ w
 
 
-def _kernel_once_triton(q, lm, v, w):
-    """``_kernel_once`` with P written by the Triton kernel of ``triton_chunks.py``
-    (``kernel_products='triton_chunks'`` without gradients)."""
-    from mmsoft.models.attention import kernel_features
-
-    from .triton_chunks import kernel
-    with torch.no_grad():
-        fq = kernel_features(q).flatten(0, -3)
-        fl = kernel_features(lm, right=True).flatten(0, -3)
-        P = kernel(fq, fl).view(*q.shape[:-1], lm.shape[-2])
-        P.transpose(-1, -2) @ v
-        return P @ w
-
-
-def _kernel_chunked(device, chunk, train, q, lm, v, w, products='chunks'):
+def _kernel_chunked(device, chunk, train, q, lm, v, w):
     """κᵀ·V and κ·W in row chunks of ``chunk`` elements (the plan's ``kernel_chunk``
-    forced for this device type), made by the kernel products ``products`` (the
-    library's 'chunks', or the lab's 'triton_chunks': each chunk written by one Triton
-    kernel); with backward if ``train``: then as training runs them, W = κᵀ·V with one
-    G for both products (``kernel_attention``, the middle left out)."""
+    forced for this device type); with backward if ``train``: then as training runs
+    them, W = κᵀ·V with one G for both products (``kernel_attention``, the middle left
+    out)."""
     from mmsoft.models.attention import kernel_attention, kernel_matmul
-    with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None, kernel_products=products,
+    with attention_plan(kernel_chunk=chunk, kernel_once_up_to=None,
                         device=torch.device(device).type), torch.set_grad_enabled(train):
         if train:
             kernel_attention(q, lm, v, lambda _, z: z).sum().backward()
@@ -631,13 +555,9 @@ def _kernel_g_each(q, lm, v):
 
 
 def section_kernel(args, out):
-    """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in training;
-    on CUDA with Triton also P's chunks from one Triton kernel ('triton_chunks')."""
+    """SOFT-S's kernel products per stage: P once vs chunked, and chunk sizes in
+    training."""
     soft = build('SOFT-S')
-    # the Triton kernel (triton_chunks.py) on CUDA; elsewhere it runs only in Triton's
-    # interpreter
-    triton = args.device == 'cuda' and _triton()
-    plan_chunk = plan_for(torch.device(args.device).type).kernel_chunk
     cases = {}  # row name -> {variant: fn}
     for size in args.sizes:
         for s, h, d, hw in _soft_stages(soft, size):
@@ -654,11 +574,6 @@ def section_kernel(args, out):
                                             *tensors)
                 if train:
                     fns['a G each'] = partial(_kernel_g_each, *tensors[:3])
-                if triton and train:
-                    fns['triton chunks'] = partial(_kernel_chunked, args.device, plan_chunk,
-                                                   train, *tensors, products='triton_chunks')
-                elif triton:
-                    fns['triton chunks'] = partial(_kernel_once_triton, *tensors)
                 elements = math.log2(B * h * N * m)
                 cases[f'{size} stage{s + 1} {step} (batch {B}, N={N}, m={m}: P has '
                       f'2^{elements:.1f} elements)'] = fns
@@ -667,8 +582,7 @@ def section_kernel(args, out):
         for name, fns in cases.items():
             for k, fn in fns.items():
                 times[name][k].append(time_call(args, fn, runs=1, warmup=r == 0))
-    cols = (['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
-            + ['triton chunks'] * triton)
+    cols = ['once'] + [f'2^{c}' for c in KERNEL_CHUNKS] + ['a G each']
     lines = ['| case | ' + ' | '.join(cols) + ' |', '|---|' + '---|' * len(cols)]
     rows = {}
     for name, t in times.items():
@@ -681,11 +595,8 @@ def section_kernel(args, out):
                  'twice); train: κᵀ·V, then κ·W with W = κᵀ·V, with backward (P recomputed '
                  'chunk by chunk), as training runs them: one G = ∇P ⊙ P for both '
                  "products, and one each ('a G each', at the plan's chunk: as under "
-                 "torch.compile); 'triton chunks': P written by one Triton kernel "
-                 "(inference: once; train: at the plan's chunk, G with it), the products "
-                 "the library's (kernel_products='triton_chunks'; CUDA). The plan's "
-                 f'kernel_chunk on {args.device}: the fastest chunk; its kernel_once_up_to: '
-                 'up to which size of P once wins.')
+                 f"torch.compile). The plan's kernel_chunk on {args.device}: the fastest "
+                 'chunk; its kernel_once_up_to: up to which size of P once wins.')
     return lines
 
 

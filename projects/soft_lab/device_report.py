@@ -10,13 +10,11 @@ steps, by part (one call of a lent GPU machine each):
   measurements CUDA's plan was chosen from, so a budget that runs out cuts those)
   cuda-tests     pytest -m cuda tests/ projects/soft_lab/tests/ (the library's and the
                  candidates' GPU tests; every one is skipped without a GPU)
-  matmul         benchmark --sections matmul: one m×m product in float32, TF32 and, with
-                 torch 2.8 on, the fp16 products of 'tf32-fp16' (ms, TFLOP/s, their
-                 deviations), and Newton steps each way: do TF32 products reach the
-                 tensor cores, and how fast and how exact are the fp16 ones? Then one
-                 TF32 and one float32 product called each way (the step's baddbmm or bmm
-                 alone, transposed, cuBLASLt, TunableOp) at SOFT-S's landmark batches,
-                 per padded m
+  matmul         benchmark --sections matmul: one m×m product in float32 and TF32 (ms,
+                 TFLOP/s): do TF32 products reach the tensor cores? Then one TF32 and
+                 one float32 product called each way (the step's baddbmm or bmm alone,
+                 transposed, cuBLASLt, TunableOp) at SOFT-S's landmark batches, per
+                 padded m
   fidelity-640   tools/analysis_tools/fidelity.py at 640x640 on three images, among them
                  the cat photo, whose maps a tie in α's choice moved on CUDA
                  (docs/en/notes/numerics.md); also CUDA's plan with every step formed
@@ -29,8 +27,7 @@ steps, by part (one call of a lent GPU machine each):
                  under the candidate paths, against float64 in the official order (the
                  floor every default keeps)
   profile        benchmark --sections profile at 800x1344: SOFT-S's forward and
-                 training step by GPU kernel under the plan, FP16_SPLIT, TRITON_CHUNKS
-                 and TRITON_FP16_SPLIT (where the time goes)
+                 training step by GPU kernel under the plan (where the time goes)
   memory-modes   benchmark --sections memory,modes
   pinv           benchmark --sections pinv: every way to compute the iterate (formed,
                  thin, 'spectral', the TF32 schedules of TF32_SCHEDULES), also
@@ -56,14 +53,12 @@ steps, by part (one call of a lent GPU machine each):
   detector       benchmark --sections detector (also SOFT-S with cuda_graphs)
   --part extra (measured on an H100 already; re-run on another GPU)
   layout         benchmark --sections dwconv,kernel: the plan's local_conv_layout,
-                 kernel_chunk and kernel_once_up_to; P's chunks from one Triton kernel
-                 per stage (CUDA)
+                 kernel_chunk and kernel_once_up_to
   bf16, fp16     speed and training step under torch.autocast (--amp bf16 / fp16)
 
 A path's candidate is a modifier (mmsoft.benchmark.common.path_plan): one inverse variant
-of the lab in place of the plan's 'tf32', and optionally '+triton_chunks'. Off CUDA,
-where the CPU's plan has no 'tf32' to replace, the paths with modifiers are left out; on
-CUDA without Triton, those that need it.
+of the lab in place of the plan's 'tf32', with its options. Off CUDA, where the CPU's plan
+has no 'tf32' to replace, the paths with modifiers are left out.
 
 It writes OUT/report.md (the machine, then per step as it completes: the command, its
 exit status and seconds, and what it printed, mmengine's log lines left out),
@@ -129,26 +124,15 @@ GUARDED = 'default+tf32-guarded'
 # its thin steps as one sum by Horner's rule in inference too ('tf32-horner'; at 800x1344
 # one float32 m×m product for the 4 steps instead of 4)
 HORNER = 'default+tf32-horner'
-# its TF32 products from fp16 tensor cores and its float32 ones as three fp16 products of
-# split operands ('tf32-fp16': cuBLAS's fp16 products, torch 2.8 on)
-FP16_SPLIT = 'default+tf32-fp16'
-# CUDA's plan with P's chunks (and G in backward) written by one Triton kernel each
-# ('triton_chunks'), alone and with FP16_SPLIT
-TRITON_CHUNKS = 'default+triton_chunks'
-TRITON_FP16_SPLIT = 'default+tf32-fp16+triton_chunks'
 # --part decide's candidates for CUDA's plan (the plan itself is the default)
-DECIDE_PATHS = (GUARDED, HORNER, FP16_SPLIT, TRITON_FP16_SPLIT)
-# the modifiers that need Triton on CUDA (``command`` leaves their paths out without it)
-TRITON_MODIFIERS = ('tf32-fp16', 'triton_chunks')
+DECIDE_PATHS = (GUARDED, HORNER)
 # the tools' options that take paths
 PATH_OPTIONS = ('--soft-plans', '--paths')
 FIDELITY_PATHS = (['default'] + [f'tf32-{f}-{l}' for f, l in TF32_SCHEDULES]
-                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, HORNER,
-                     FP16_SPLIT, TRITON_CHUNKS, TRITON_FP16_SPLIT])
+                  + ['tf32-1-2-pad32', 'tf32-1-8-pad32', FORMED, GUARDED, HORNER])
 # the plans the fp32 step times SOFT-S under besides its modes (benchmark --soft-plans):
 # the float32 iterate, CUDA's plan with every step formed, and each candidate
-SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER, FP16_SPLIT, TRITON_CHUNKS,
-               TRITON_FP16_SPLIT)
+SPEED_PATHS = ('iterative', FORMED, GUARDED, HORNER)
 
 # SOFT-S's 1050 landmarks at 800x1344 padded to a multiple of 32 (CUDA's plan), 64, 128
 # and 256: the sizes the matmul steps time one product at, each way it can be made (the
@@ -161,9 +145,8 @@ STEPS = {
     'cuda-tests': ('base', 'pytest', [], 'pytest -m cuda'),
     'matmul': ('base', 'benchmark', ['--sections', 'matmul', '--matmul-sizes', '1024',
                                      '1025', '1050', *PADDED_SIZES],
-               "one m×m product: float32, TF32 and cuBLAS's fp16 ones; Newton steps each "
-               'way; a TF32 and a float32 product called each way (cuBLAS, cuBLASLt, '
-               'TunableOp)'),
+               'one m×m product: float32 and TF32; a TF32 and a float32 product called '
+               'each way (cuBLAS, cuBLASLt, TunableOp)'),
     'fidelity-640': ('base', 'fidelity', ['--size', '640x640', '--images', 'chelsea',
                                           'astronaut', 'page', '--paths', 'official',
                                           'iterative', 'default', FORMED, GUARDED],
@@ -174,12 +157,8 @@ STEPS = {
     'fidelity': ('base', 'fidelity', ['--size', '800x1344', '--gradients', '--paths',
                                       *FIDELITY_PATHS],
                  'the fidelity floor at 800x1344 (output maps, training gradients)'),
-    'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344',
-                                      '--soft-plans', FP16_SPLIT, TRITON_CHUNKS,
-                                      TRITON_FP16_SPLIT],
-                "where SOFT-S's time goes, by kernel: the plan, FP16_SPLIT (its products "
-                "on fp16 tensor cores), TRITON_CHUNKS (P written by one Triton kernel) "
-                'and TRITON_FP16_SPLIT (both)'),
+    'profile': ('base', 'benchmark', ['--sections', 'profile', '--sizes', '800x1344'],
+                "where SOFT-S's time goes, by kernel, under CUDA's plan"),
     'memory-modes': ('base', 'benchmark', ['--sections', 'memory,modes'],
                      'peak memory; attention modes'),
     'pinv': ('base', 'benchmark', ['--sections', 'pinv', '--pinv-sizes', '196', '256', '400',
@@ -262,15 +241,8 @@ def machine(device):
 
 def _runs_here(arg, device):
     """Whether a step's argument can run on ``device``: not a path with modifiers off
-    CUDA (the CPU's plan has no 'tf32' to replace, and P's chunks from Triton run on
-    CUDA), not one with ``TRITON_MODIFIERS`` on CUDA without Triton."""
-    modifiers = set(arg.split('+')[1:])
-    if not modifiers:
-        return True
-    if device != 'cuda':
-        return False
-    return not (modifiers & set(TRITON_MODIFIERS)) or importlib.util.find_spec(
-        'triton') is not None
+    CUDA (the CPU's plan has no 'tf32' to replace)."""
+    return device == 'cuda' or '+' not in arg
 
 
 def _paths_here(own, device):

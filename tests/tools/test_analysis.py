@@ -396,8 +396,17 @@ def test_pinv_accuracy_tool(capsys, monkeypatch):
     assert '| >' not in out
     # a path beyond the bound is marked: every step thin, on a boundary kernel (no plan's)
     from mmsoft import testing
-    monkeypatch.setitem(testing.PINV_PATHS, 'every step thin',
-                        dict(method='iterative', thin_steps=20))
+    from mmsoft.models.attention import Variant
+    from mmsoft.models.attention.newton import _NewtonPinvThin
+
+    class EveryStepThin(Variant):
+        name = 'every step thin'
+
+        def apply(self, A, Z, iters):
+            schedule = ((0, 'float32'), (0, 'tf32'), (iters, 'float32'))
+            return _NewtonPinvThin.apply(A, Z, schedule, 1, iters, False, True)
+
+    monkeypatch.setitem(testing.PINV_PATHS, 'every step thin', EveryStepThin())
     rows = pinv_accuracy.main(['--kinds', 'boundary', '--sizes', '196', '--paths',
                                'iterative', 'every step thin'])
     assert rows[0]['every step thin inference'] > rows[0]['bound']

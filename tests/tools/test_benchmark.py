@@ -71,37 +71,35 @@ def test_import_finds_projects_in_the_working_directory(tmp_path):
 
 def test_path_modifiers_name_what_is_registered(monkeypatch):
     """A path's ``+X`` names a registered inverse variant, which replaces the plan's
-    'tf32', or kernel products, tried first; the lab registers its candidates so (here
-    stand-ins). The removed paths and modifiers are errors."""
+    'tf32' (with its options, where it is a kind of TF32); the lab registers its
+    candidates so (here a stand-in). The removed paths and modifiers are errors."""
     from mmsoft.benchmark.common import path_plan
-    from mmsoft.models.attention import KERNEL_PRODUCTS, PLANS, VARIANTS
-    from mmsoft.models.attention.dispatch import TF32, KernelProducts
+    from mmsoft.models.attention import PLANS, VARIANTS
+    from mmsoft.models.attention import TF32
 
     class Variant(TF32):
         name = 'tf32-test'
 
-    class Products(KernelProducts):
-        name = 'test_chunks'
-
     monkeypatch.setitem(VARIANTS, 'tf32-test', Variant())
-    monkeypatch.setitem(KERNEL_PRODUCTS, 'test_chunks', Products())
-    plan = path_plan('cuda+tf32-test+test_chunks', 'cpu')
-    assert plan.pinv == ((196, 'iterative'), (None, 'tf32-test'), (None, 'iterative'))
-    assert plan.kernel_products == ('test_chunks', ) + PLANS['cuda'].kernel_products
-    assert plan.tf32_float32_steps == PLANS['cuda'].tf32_float32_steps
+    plan = path_plan('cuda+tf32-test', 'cpu')
+    (least, variant), iterative = plan.pinv
+    cuda_tf32 = PLANS['cuda'].pinv[0][1]
+    assert (least, type(variant), iterative) == (197, Variant, PLANS['cuda'].pinv[1])
+    assert (variant.float32_steps, variant.pad_to, variant.thin_steps) == (
+        cuda_tf32.float32_steps, cuda_tf32.pad_to, cuda_tf32.thin_steps)
     padded = path_plan('tf32-1-2-pad32-thin2+tf32-test', 'cpu')
-    assert padded.pinv == ((None, 'tf32-test'), ) and padded.pinv_pad == 32
-    assert path_plan('spectral', 'cpu').pinv == ((None, 'spectral'), )
-    assert path_plan('default+test_chunks', 'cpu').pinv == PLANS['cpu'].pinv
+    assert padded.pinv == ((1, Variant(float32_steps=(1, 2), pad_to=32, thin_steps=2)), )
+    assert path_plan('spectral', 'cpu').pinv == ((1, VARIANTS['spectral']), )
     with pytest.raises(ValueError, match="replaces the plan's 'tf32'"):
         path_plan('default+tf32-test', 'cpu')  # the CPU's plan has none
-    with pytest.raises(ValueError, match=r"modifier 'nope'.*tf32-test.*test_chunks"):
+    with pytest.raises(ValueError, match=r"modifier 'nope'.*tf32-test"):
         path_plan('cuda+nope', 'cpu')
     for removed in ('spectral64', 'spectral32', 'spectral-mixed', 'spectral-tridiagonal',
-                    'tf32x3', 'fused'):
+                    'tf32x3', 'fused', 'official'):  # 'official': no plan (path_context)
         with pytest.raises(ValueError, match='unknown path'):
             path_plan(removed, 'cpu')
-    for removed in ('tf32x3', 'fp16', 'fp16x3', 'guarded', 'horner', 'fused'):
+    for removed in ('tf32x3', 'fp16', 'fp16x3', 'guarded', 'horner', 'fused',
+                    'triton_chunks', 'chunks'):
         with pytest.raises(ValueError, match='unknown path modifier'):
             path_plan(f'cuda+{removed}', 'cpu')
 
@@ -270,9 +268,8 @@ def test_soft_plans_time_soft_under_each_plan(tmp_path, monkeypatch):
             rows[section])
     forced = [(train, p) for m, train, p in seen if p != plan_for('cpu')]
     assert len(forced) == 4  # two plans, forward and training step
-    tf32 = [p for _, p in forced if p.pinv[-1][1] == 'tf32']
-    assert len(tf32) == 2 and all(p.tf32_float32_steps == (1, 4) and p.pinv_pad == 32
-                                  for p in tf32)
+    tf32 = [p.pinv[-1][1] for _, p in forced if p.pinv[-1][1].name == 'tf32']
+    assert len(tf32) == 2 and all(v.float32_steps == (1, 4) and v.pad_to == 32 for v in tf32)
     assert sorted(train for train, _ in forced) == [False, False, True, True]
     for bad in ('tf33', 'spectral64', 'default+tf32x3'):
         with pytest.raises(SystemExit):
@@ -493,15 +490,16 @@ def test_compiled_measurement_prints_where_compiling_went(monkeypatch, capsys):
 
 def test_official_order_runs_the_official_attention(monkeypatch):
     """measure(mode='official order') (also in the memory section's child processes) runs
-    SOFT's attention in the official order through the plan, only inside the
-    measurement."""
+    SOFT's attention in the official order (``mmsoft.testing.official_order``), only
+    inside the measurement."""
     from mmsoft.benchmark.common import build, measure
-    from mmsoft.models.attention import plan_for
     from mmsoft.models.attention import soft as soft_attention_mod
+    from mmsoft.models.backbones import soft as backbone
     calls, official = [], soft_attention_mod.official_order_attention
+    plain = backbone.soft_attention
 
     def recording(*args, **kwargs):
-        calls.append(plan_for('cpu').order)
+        calls.append(backbone.soft_attention is not plain)
         return official(*args, **kwargs)
 
     monkeypatch.setattr(soft_attention_mod, 'official_order_attention', recording)
@@ -509,8 +507,8 @@ def test_official_order_runs_the_official_attention(monkeypatch):
     measure(model, (64, 64), 'cpu', repeat=0)
     assert calls == []
     measure(model, (64, 64), 'cpu', repeat=0, mode='official order')
-    assert calls and set(calls) == {'official'}
-    assert plan_for('cpu').order == 'thin'
+    assert calls and set(calls) == {True}
+    assert backbone.soft_attention is plain
 
 
 def test_child_measure_runs_in_a_fresh_process(tmp_path, monkeypatch, capsys):

@@ -4,15 +4,15 @@ ResNet-50 and MMPretrain's XCiT-S12/16, measured side by side in one run.
 Sections (``--sections``, default all that are registered). The first four are the
 lab's (projects/soft_lab/benchmark.py, registered by ``--import projects.soft_lab``):
   pinv     the batched 20-step pseudo-inverse alone, by m: the matrix iterations (Y
-           formed, as training needs), A⁺·Z for a thin Z as inference computes it, the
-           steps applied to the thin Z, 'spectral', and on CUDA the TF32 schedules of
-           ``--tf32-schedules``; the iterations also on A zero-padded to a multiple of
-           ``--pinv-pad`` landmarks (the same iterate, aligned sizes): what the plan's
-           ``pinv``, ``tf32_float32_steps``, ``pinv_pad`` and ``thin_steps`` should say
-  matmul   one batched m×m product of the iteration in float32 and TF32 (on CUDA with
-           torch 2.8 on also the fp16 products of 'tf32-fp16') at ``--matmul-sizes``, in
-           ms and TFLOP/s: whether TF32 reaches the tensor cores; then each way to call
-           a TF32 and a float32 product, per padded m
+           formed, as training needs), A⁺·Z for a thin Z as inference computes it,
+           'spectral', and on CUDA the TF32 schedules of ``--tf32-schedules``, also
+           with their last steps applied to the thin Z; the iterations also on A
+           zero-padded to a multiple of ``--pinv-pad`` landmarks (the same iterate,
+           aligned sizes): what the plan's ``pinv`` list and its ``TF32`` options
+           (float32 steps, padding, thin steps) should say
+  matmul   one batched m×m product of the iteration in float32 and TF32 at
+           ``--matmul-sizes``, in ms and TFLOP/s: whether TF32 reaches the tensor cores;
+           then each way to call a TF32 and a float32 product, per padded m
   dwconv   the depthwise conv on V of SOFT-S's three stages at each ``--sizes`` entry in
            both layouts of ``HeadSharedConv`` (forward at batch 1, forward + backward at
            ``--train-batch``): what the plan's ``local_conv_layout`` should say for the
@@ -20,9 +20,8 @@ lab's (projects/soft_lab/benchmark.py, registered by ``--import projects.soft_la
   kernel   the kernel products κ(Q, Q̃)ᵀ·V and κ(Q, Q̃)·W of SOFT-S's three stages at
            each ``--sizes`` entry: P formed once vs in row chunks of 2^18 … 2^24 elements
            (inference, batch 1) and the chunk sizes with backward (``--train-batch``),
-           and on CUDA P's chunks from one Triton kernel ('triton_chunks'), all variants
-           in turn for ``--rounds`` rounds: what the plan's ``kernel_chunk``,
-           ``kernel_once_up_to`` and ``kernel_products`` should say
+           all variants in turn for ``--rounds`` rounds: what the plan's
+           ``kernel_chunk`` and ``kernel_once_up_to`` should say
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
   train    forward + backward of the SOFT-Small backbone (default and fast modes) and
@@ -66,14 +65,14 @@ beside the floor that fidelity.py measures for it.
 ``--import MODULE ...`` imports modules before anything runs, as mmengine's
 ``custom_imports`` do, and each package's ``benchmark`` module where it has one (its
 sections). ``--import projects.soft_lab`` registers the lab's candidates (the inverse
-variants 'tf32-fp16', 'tf32-guarded', 'tf32-horner' and the kernel products
-'triton_chunks', for path modifiers) and its sections pinv, matmul, dwconv and kernel.
+variants 'tf32-guarded' and 'tf32-horner', for path modifiers) and its sections pinv,
+matmul, dwconv and kernel.
 Run from the repository root: a module of projects/ that is not on sys.path is looked
 for in the working directory (or put the root on PYTHONPATH).
 
 "official order" is the official SOFT code's computation order (P computed twice,
-(P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run through the plan's
-``order='official'`` (``mmsoft.models.attention.official_order_attention``); its outputs
+(P·Â)·(Pᵀ·V), 20 Newton–Raphson matrix iterations), run by ``mmsoft.testing.official_order``
+(``mmsoft.models.attention.official_order_attention``); its outputs
 equal the reference, only its cost differs.
 
 The plan is ``AttentionPlan`` in mmsoft/models/attention/plan.py; the sections live in
@@ -143,7 +142,7 @@ def build_parser():
                         help='pinv: also time the iterations with m zero-padded to a '
                         'multiple of K (1: not)')
     parser.add_argument('--tf32-schedules', nargs='+', type=_schedule, metavar='F,L',
-                        default=[PLANS['cuda'].tf32_float32_steps],
+                        default=[PLANS['cuda'].may_run('tf32')[0].float32_steps],
                         help="pinv (CUDA): 'tf32' with F float32 steps first and L last "
                         "(default: CUDA's plan's)")
     parser.add_argument('--matmul-sizes', nargs='+', type=int,
@@ -208,7 +207,8 @@ def main(argv=None):
             parser.error(f'unknown --models {sorted(bad)}; choose from {list(SPEED_MODELS)}')
     for path in args.soft_plans:
         try:
-            path_plan(path, args.device)
+            if path != 'official':  # the official order, no plan
+                path_plan(path, args.device)
         except ValueError as e:
             lab = '+' in path and LAB not in sys.modules
             parser.error(f'--soft-plans: {e}' + (f" (the lab's candidates, e.g. "

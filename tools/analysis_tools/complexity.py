@@ -45,7 +45,7 @@ ALL_CONFIGS_TIME = ('--all-configs (27 configs) at 800×1280 takes about an hour
 
 
 def soft_attention_macs(B, h, N, m, d, iters):
-    """Analytic MACs of one SOFT kernel-attention core (paper Eq. 5, Alg. 2, TPAMI Eq. 25), batch B,
+    """Analytic MACs of one SOFT kernel-attention core (SOFT, IJCV 2024: Eq. 5, Alg. 2, Eq. 25), batch B,
     h heads."""
     per_head = (
         N * m * d  # P = κ(Q, Q̃): the Q·Q̃ᵀ product (norms and exp are O(N·m))

@@ -24,11 +24,10 @@ float32 step's branches there, and such flips are counted beside them
                           ...-thinK: the last K float32 steps applied to the thin matrix
                           (in training too where that costs less)
 
-each followed by modifiers +X, X a registered inverse variant (in place of the plan's
-'tf32', e.g. cuda+tf32-guarded) or kernel products (tried first, e.g.
-default+triton_chunks). ``--import MODULE ...`` imports modules before anything runs, as
-mmengine's ``custom_imports`` do: ``--import projects.soft_lab`` registers the lab's
-candidates ('tf32-fp16', 'tf32-guarded', 'tf32-horner', 'triton_chunks'). Run from the
+each followed by modifiers +X, X a registered inverse variant in place of the plan's
+'tf32' (e.g. cuda+tf32-guarded). ``--import MODULE ...`` imports modules before anything
+runs, as mmengine's ``custom_imports`` do: ``--import projects.soft_lab`` registers the
+lab's candidates ('tf32-guarded', 'tf32-horner'). Run from the
 repository root: a module of projects/ that is not on sys.path is looked for in the
 working directory (or put the root on PYTHONPATH).
 
@@ -40,7 +39,7 @@ Examples:
   python tools/analysis_tools/fidelity.py --device cuda --size 800x1344 --gradients \\
       --paths default iterative tf32-1-4 tf32-1-6 tf32-1-8 --json fidelity.json
   python tools/analysis_tools/fidelity.py --device cuda --import projects.soft_lab \\
-      --paths default default+tf32-guarded default+tf32-fp16+triton_chunks
+      --paths default default+tf32-guarded default+tf32-horner
 
 Without --checkpoint the weights are random (--seed, default 0): the tool says so.
 Images: the scikit-image photos, silhouette and text page of
@@ -50,6 +49,7 @@ Images: the scikit-image photos, silhouette and text page of
 import json
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -95,8 +95,8 @@ def build_parser():
 
 def main(argv=None):
     from mmsoft.testing import (GRADIENT_TOL, OUTPUT_TOL, check_crop, fidelity_image,
-                                gradient_deviations, output_bounds, output_deviations,
-                                reference_gradients, reference_outputs)
+                                gradient_deviations, official_order, output_bounds,
+                                output_deviations, reference_gradients, reference_outputs)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -115,10 +115,10 @@ def main(argv=None):
             crop = check_crop(args.crop.split(','), (H, W))
         except ValueError as e:
             parser.error(f'--crop {args.crop}: {e}')
-    plans = {}
+    plans = {}  # path: its plan, None for 'official'
     for name in args.paths:
         try:
-            plans[name] = path_plan(name, args.device)
+            plans[name] = None if name == 'official' else path_plan(name, args.device)
         except ValueError as e:
             lab = '+' in name and LAB not in sys.modules
             parser.error(f'--paths: {e}' + (f" (the lab's candidates, e.g. +tf32-guarded, "
@@ -145,11 +145,12 @@ def main(argv=None):
     for image in args.images:
         x = fidelity_image(image, (H, W), crop).to(args.device)
         refs = reference_outputs(model, x)
-        bounds = output_bounds(model, x, refs, device_type)
+        bounds = output_bounds(model, x, refs)
         row = {}
         for name, plan in plans.items():
             t = time.perf_counter()
-            devs = output_deviations(model, x, refs, plan, device_type)
+            with official_order() if plan is None else nullcontext():
+                devs = output_deviations(model, x, refs, plan, device_type)
             row[name] = dict(maps=devs, seconds=time.perf_counter() - t,
                              misses=any(d > b for d, b in zip(devs, bounds)))
         results['outputs'][image] = row
@@ -166,20 +167,20 @@ def main(argv=None):
               'branch (each flip moves the whole gradient through it, on any path)\n')
         print('| image | float32 official order | bound | ' + ' | '.join(args.paths) + ' |')
         print('|---|---|---|' + '---|' * len(args.paths))
-        official = path_plan('official', args.device)
         for image in args.gradient_images:
             x = fidelity_image(image, (H, W), crop).to(args.device)
             ref = reference_gradients(model, x)
 
             def measured(plan):
-                r = gradient_deviations(model, x, ref, plan, device_type)
+                with official_order() if plan is None else nullcontext():
+                    r = gradient_deviations(model, x, ref, plan, device_type)
                 worst = max(r.deviations, key=r.deviations.get)
                 return dict(gradients=r.deviations, worst=worst, flips=r.flips,
                             largest_flip=r.largest_flip,
                             with_flips=max(r.with_flips.values()),
                             beyond_rounding=r.beyond_rounding)
 
-            base = measured(official)
+            base = measured(None)  # the float32 official order
             bound = max(GRADIENT_TOL, 2 * base['gradients'][base['worst']])
 
             def cell(r):

@@ -5,7 +5,7 @@ per-device choices here (``plan.py``)."""
 import torch
 
 __all__ = ['autocast_dtype', 'compute_dtype', 'device_type', 'float32_precision',
-           'is_compiling', 'new_tf32_flags', 'widest_dtype']
+           'is_compiling', 'new_tf32_flags']
 
 
 def device_type(t):
@@ -17,12 +17,6 @@ def compute_dtype(t):
     """The dtype the attention's small products run in: float64 for float64, else
     float32 (also for half-precision and autocast inputs)."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def widest_dtype(t):
-    """float64, or t's dtype on a device without float64 (Apple's MPS): the dtype of the
-    few decisions made on a threshold (``step_size.newton_alpha``)."""
-    return t.dtype if t.device.type == 'mps' else torch.promote_types(t.dtype, torch.float64)
 
 
 def autocast_dtype(device):

@@ -1,4 +1,4 @@
-"""SOFT's softmax-free attention P·Â·(Pᵀ·V) (paper Eq. 5 and Alg. 2, TPAMI Eq. 25).
+"""SOFT's softmax-free attention P·Â·(Pᵀ·V) (SOFT, IJCV 2024: Eq. 5, Alg. 2, Eq. 25).
 
 P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the network (282 MB
 per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
@@ -14,11 +14,10 @@ Every P (or chunk of it) is one product of the thin kernel features
 (``kernel_features``, made once per attention; where inference forms P whole, the
 landmarks' features serve both P and the m×m kernel A), clamped and exponentiated in
 place: three passes over an N×m tensor and no copies, in training too, where the
-products with the features also give the norms' gradients (``_KernelMatmul``). How each
-chunk is made is dispatched among ``dispatch.KERNEL_PRODUCTS`` by the plan's
-``kernel_products`` (the library's: ``Chunks``, those library operators); the inverse's
-variant for the m-sized middle by the layer's ``pinv_method`` and the plan's ``pinv``
-(``dispatch.select_variant``).
+products with the features also give the norms' gradients (``_KernelMatmul``). The
+inverse's variant for the m-sized middle is the dispatch's (``plan.select_variant``:
+the layer's ``pinv_method``, the plan's ``pinv``). ``official_order_attention`` is the
+reference order of the official code.
 """
 import math
 from functools import partial
@@ -26,10 +25,9 @@ from typing import NamedTuple
 
 import torch
 
-from .dispatch import (KERNEL_PRODUCTS, Inputs, KernelProducts, pinv_methods,
-                       register_kernel_products, select, select_variant)
 from .dtypes import autocast_dtype, compute_dtype, device_type, is_compiling
 from .newton import newton_pinv, normalize_inverse
+from .plan import Inputs, plan_for, select_variant
 
 __all__ = [
     'gaussian_kernel', 'kernel_attention', 'kernel_features', 'kernel_matmul',
@@ -55,11 +53,6 @@ def kernel_features(x, right=False):
     return torch.cat([x, half, sq] if right else [x, sq, half], -1)
 
 
-def _left_from_right(f):
-    """[x, |x|², -1/2] from [x, -1/2, |x|²] (``kernel_features``): one copy, no norms."""
-    return torch.cat([f[..., :-2], f[..., -1:], f[..., -2:-1]], -1)
-
-
 def _kernel(fa, fb):
     """κ from features, (..., N, d + 2) and (..., M, d + 2) -> (..., N, M). Updated in
     place: at detection sizes P is the largest tensor of the layer."""
@@ -78,51 +71,18 @@ def gaussian_kernel(a, b):
     return _kernel(kernel_features(a), kernel_features(b, right=True))
 
 
-class Chunks(KernelProducts):
-    """P's chunks from three library operators (``_kernel``), G = (left·rightᵀ) ⊙ P with
-    two more: the library's way, on every device and dtype."""
-    name = 'chunks'
-
-    def form(self, fq, fl):
-        return _kernel(fq, fl)
-
-    def form_with_grad(self, fq, fl, left, right, keep_p):
-        P = _kernel(fq, fl)
-        return P, torch.bmm(left, right.transpose(-1, -2)).mul_(P)
+def _kernel_and_grad(fq, fl, left, right):
+    """P = κ from the features (``_kernel``) and G = (left·rightᵀ) ⊙ P, the exp's
+    derivative times ∇P = left·rightᵀ: (b, rows, m) each."""
+    P = _kernel(fq, fl)
+    return P, torch.bmm(left, right.transpose(-1, -2)).mul_(P)
 
 
-register_kernel_products(Chunks())
-
-
-def _plan(q, plan):
-    """``plan``, or where None the plan in force for q's device type (``plan.py``, which
-    imports this module to register ``Chunks``: imported when called)."""
-    if plan is not None:
-        return plan
-    from .plan import plan_for
-    return plan_for(q.device.type)
-
-
-def _kernel_products(q, landmarks, plan):
-    """The first of the plan's ``kernel_products`` that can make P = κ(q, landmarks)
-    (``dispatch.select``)."""
-    return select(plan.kernel_products, Inputs.of(q, m=landmarks.shape[-2]), KERNEL_PRODUCTS,
-                  'kernel_products')
-
-
-class _Chunking(NamedTuple):
-    """How P = κ(q, landmarks) is computed in row chunks (``_chunking``): ``count`` of
-    them, each made by ``products`` (a ``dispatch.KernelProducts``)."""
-    count: int
-    products: KernelProducts
-
-
-def _chunking(q, landmarks, plan=None):
-    """How P = κ(q, landmarks), (..., N, m), is computed in row chunks: chunks of at most
-    the plan's ``kernel_chunk`` elements, under ``torch.compile`` its
-    ``compiled_kernel_chunks`` whatever the size; each made by the first of the plan's
-    ``kernel_products`` that can run on q (``dispatch.select``). ``plan`` None: the plan
-    in force for q's device type.
+def _chunk_count(q, landmarks, plan=None):
+    """How many row chunks P = κ(q, landmarks), (..., N, m), is computed in: chunks of at
+    most the plan's ``kernel_chunk`` elements, under ``torch.compile`` its
+    ``compiled_kernel_chunks`` whatever the size. ``plan`` None: the plan in force for
+    q's device type.
 
     Under torch.compile a count from the size would be part of the graph: Dynamo would
     compile a graph for every count a detector's image sizes give, each slowly (the
@@ -130,13 +90,12 @@ def _chunking(q, landmarks, plan=None):
     limit is reached. With a fixed count one graph holds for every size
     (tests/models/backbones/test_soft.py).
     """
-    plan = _plan(q, plan)
-    products = _kernel_products(q, landmarks, plan)
+    plan = plan_for(q.device.type) if plan is None else plan
     if is_compiling():
-        return _Chunking(plan.compiled_kernel_chunks, products)
+        return plan.compiled_kernel_chunks
     N, bm = q.shape[-2], math.prod(q.shape[:-2]) * landmarks.shape[-2]
     step = max(1, plan.kernel_chunk // max(1, bm))  # rows per chunk
-    return _Chunking(-(-N // step), products)
+    return -(-N // step)
 
 
 def _row_parts(count, *tensors):
@@ -179,28 +138,27 @@ def _features_of(q, landmarks):
         return kernel_features(_flat(q)), kernel_features(_flat(landmarks), right=True)
 
 
-def _kernel_product(fq, fl, w3, chunking, transpose=False):
+def _kernel_product(fq, fl, w3, chunks, transpose=False):
     """P·W, or Pᵀ·W, for P = κ from the features, one row chunk of P at a time.
 
     Args:
         fq (Tensor): (b, N, K) q̂ (``kernel_features``)
         fl (Tensor): (b, m, K) l̂ (``kernel_features(·, right=True)``)
         w3 (Tensor): (b, m, n), or (b, N, n) if ``transpose``
-        chunking (_Chunking): P's row chunks and how each is made (``_chunking``).
+        chunks (int): P's row chunks (``_chunk_count``).
     Returns:
         Tensor: (b, N, n), the chunks' rows concatenated; or (b, m, n) if ``transpose``,
         summed over the chunks.
     """
-    count, form = chunking.count, chunking.products.form
     if not transpose:
-        return _cat_rows([form(q, fl) @ w3 for q, in _row_parts(count, fq)])
+        return _cat_rows([_kernel(q, fl) @ w3 for q, in _row_parts(chunks, fq)])
     out = None
-    for q, w in _row_parts(count, fq, w3):
-        out = _add_product(out, form(q, fl).transpose(-1, -2), w)
+    for q, w in _row_parts(chunks, fq, w3):
+        out = _add_product(out, _kernel(q, fl).transpose(-1, -2), w)
     return out
 
 
-def _kernel_backward(fq, fl, chunking, grad, transpose, left, right, needs):
+def _kernel_backward(fq, fl, chunks, grad, transpose, left, right, needs):
     """One backward pass over P's row chunks, P = κ from the features recomputed per chunk.
 
     For out = P·W (Pᵀ·W if ``transpose``) with ∇out = ``grad``: ∇W = Pᵀ·∇out (P·∇out).
@@ -211,7 +169,7 @@ def _kernel_backward(fq, fl, chunking, grad, transpose, left, right, needs):
 
     Args:
         fq, fl (Tensor): (b, N, K) and (b, m, K) features.
-        chunking (_Chunking): P's row chunks and how each (and G with it) is made.
+        chunks (int): P's row chunks.
         grad (Tensor): (b, N, n) ∇out, or (b, m, n) if ``transpose``.
         left, right (Tensor): (b, N, k) and (b, m, k).
         needs (tuple[bool]): whether ∇W, ∇q and ∇l are needed.
@@ -220,15 +178,14 @@ def _kernel_backward(fq, fl, chunking, grad, transpose, left, right, needs):
         (b, m, K - 2); None where not needed.
     """
     need_w, need_q, need_l = needs
-    count, products = chunking
     grad_fq, grad_w_rows = [], []  # row chunks of ∇q̂ (and of ∇W for Pᵀ·W)
     grad_fl = grad_w = None  # sums over chunks (∇W: for P·W)
     rows = (fq, left) if transpose else (fq, left, grad)  # split along P's rows
-    for q, left_rows, *grad_rows in _row_parts(count, *rows):
-        if need_q or need_l:  # G, and P if ∇W needs it
-            P, G = products.form_with_grad(q, fl, left_rows, right, keep_p=need_w)
+    for q, left_rows, *grad_rows in _row_parts(chunks, *rows):
+        if need_q or need_l:
+            P, G = _kernel_and_grad(q, fl, left_rows, right)
         else:
-            P = products.form(q, fl)  # (b, rows, m)
+            P = _kernel(q, fl)  # (b, rows, m)
         if need_w and transpose:
             grad_w_rows.append(P @ grad)
         elif need_w:
@@ -255,10 +212,10 @@ class _KernelMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, transpose, chunking, fq, fl):
+    def forward(ctx, q, l, w, transpose, chunks, fq, fl):
         ctx.save_for_backward(q, l, w)
-        ctx.transpose, ctx.chunking = transpose, chunking
-        out = _kernel_product(fq, fl, _flat(w), chunking, transpose)
+        ctx.transpose, ctx.chunks = transpose, chunks
+        out = _kernel_product(fq, fl, _flat(w), chunks, transpose)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -268,7 +225,7 @@ class _KernelMatmul(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         w3, grad = _flat(w), _flat(grad)
         left, right = (w3, grad) if ctx.transpose else (grad, w3)  # ∇P = left·rightᵀ
-        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunking, grad, ctx.transpose,
+        grad_w, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunks, grad, ctx.transpose,
                                                   left, right, (need_w, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_w, w),
                 None, None, None, None)
@@ -290,10 +247,10 @@ class _KernelIn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, v, link, chunking, fq, fl):
+    def forward(ctx, q, l, v, link, chunks, fq, fl):
         ctx.save_for_backward(q, l, v)
-        ctx.link, ctx.chunking = link, chunking
-        Z = _kernel_product(fq, fl, _flat(v), chunking, transpose=True)  # (b, m, d)
+        ctx.link, ctx.chunks = link, chunks
+        Z = _kernel_product(fq, fl, _flat(v), chunks, transpose=True)  # (b, m, d)
         return Z.view(*v.shape[:-2], *Z.shape[-2:])
 
     @staticmethod
@@ -309,7 +266,7 @@ class _KernelIn(torch.autograd.Function):
             # ∇P of both products: [∇out, V]: (b, N, 2d) times [W, ∇Z]ᵀ: (b, 2d, m)
             left = torch.cat([_flat(grad_out), v3], -1)
             right = torch.cat([_flat(ctx.link['W']), grad_z], -1)
-        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunking, grad_z, True, left,
+        grad_v, grad_q, grad_l = _kernel_backward(fq, fl, ctx.chunks, grad_z, True, left,
                                                   right, (need_v, need_q, need_l))
         return (_view_or_none(grad_q, q), _view_or_none(grad_l, l), _view_or_none(grad_v, v),
                 None, None, None, None)
@@ -326,11 +283,11 @@ class _KernelOut(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, l, w, link, chunking, fq, fl):
+    def forward(ctx, q, l, w, link, chunks, fq, fl):
         ctx.save_for_backward(q, l)
-        ctx.link, ctx.chunking, ctx.w_shape = link, chunking, w.shape
+        ctx.link, ctx.chunks, ctx.w_shape = link, chunks, w.shape
         link['W'] = w.detach()
-        out = _kernel_product(fq, fl, _flat(w), chunking)
+        out = _kernel_product(fq, fl, _flat(w), chunks)
         return out.view(*q.shape[:-2], *out.shape[-2:])
 
     @staticmethod
@@ -339,7 +296,7 @@ class _KernelOut(torch.autograd.Function):
         fq, fl = _features_of(q, l)
         # ∇out as autograd gave it and the features, until _KernelIn's backward takes them
         ctx.link.update(grad_out=grad, features=(fq, fl))
-        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunking, transpose=True)  # (b, m, d)
+        grad_w = _kernel_product(fq, fl, _flat(grad), ctx.chunks, transpose=True)  # (b, m, d)
         return None, None, grad_w.view(ctx.w_shape), None, None, None, None
 
 
@@ -351,13 +308,13 @@ def kernel_matmul(q, landmarks, w, transpose=False, plan=None):
         landmarks (Tensor): (..., m, d)
         w (Tensor): (..., m, n), or (..., N, n) if ``transpose``
         plan (AttentionPlan, optional): κ's row chunks are its ``kernel_chunk``'s (its
-            ``compiled_kernel_chunks`` under torch.compile; ``_chunking``); None: the
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
             plan in force for q's device type.
     Returns:
         Tensor: (..., N, n), or (..., m, n) if ``transpose``
     """
-    chunking = _chunking(q, landmarks, plan)
-    return _KernelMatmul.apply(q, landmarks, w, transpose, chunking,
+    chunks = _chunk_count(q, landmarks, plan)
+    return _KernelMatmul.apply(q, landmarks, w, transpose, chunks,
                                *_features_of(q, landmarks))
 
 
@@ -378,22 +335,22 @@ def kernel_attention(q, landmarks, v, middle, lm=None, plan=None):
         lm (Tensor, optional): the landmarks ``middle`` takes, l̃ (e.g. in float32 for
             half-precision q); None: ``landmarks``.
         plan (AttentionPlan, optional): P's row chunks are its ``kernel_chunk``'s (its
-            ``compiled_kernel_chunks`` under torch.compile; ``_chunking``); None: the
+            ``compiled_kernel_chunks`` under torch.compile; ``_chunk_count``); None: the
             plan in force for q's device type.
     Returns:
         Tensor: (..., N, d) in q's dtype.
     """
     lm = landmarks if lm is None else lm
-    chunking = _chunking(q, landmarks, plan)
+    chunks = _chunk_count(q, landmarks, plan)
     features = _features_of(q, landmarks)
     if is_compiling() or torch.jit.is_tracing():
-        Z = _KernelMatmul.apply(q, landmarks, v, True, chunking, *features)  # (..., m, d)
+        Z = _KernelMatmul.apply(q, landmarks, v, True, chunks, *features)  # (..., m, d)
         W = middle(lm, Z.to(lm.dtype))
-        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunking, *features)
+        return _KernelMatmul.apply(q, landmarks, W.to(q.dtype), False, chunks, *features)
     link = {}  # W, and in backward ∇out, from _KernelOut to _KernelIn
-    Z = _KernelIn.apply(q, landmarks, v, link, chunking, *features)  # (..., m, d)
+    Z = _KernelIn.apply(q, landmarks, v, link, chunks, *features)  # (..., m, d)
     W = middle(lm, Z.to(lm.dtype))
-    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, chunking, *features)
+    return _KernelOut.apply(q, landmarks, W.to(q.dtype), link, chunks, *features)
 
 
 def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto', plan=None):
@@ -401,21 +358,20 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
-    A⁺ is applied to them (``newton_pinv_apply``). With gradients, P is computed in
+    A⁺ is applied to them (the variant ``plan.select_variant`` picks). With gradients, P is computed in
     chunks and never kept (``kernel_attention``); without, it is computed once, or in
-    chunks twice where the plan says so for its size (``plan.py``). The plan's
-    ``order='official'`` runs ``official_order_attention`` instead.
+    chunks twice where the plan says so for its size (``plan.py``).
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)
         landmarks (Tensor): (..., m, d) bottleneck tokens Q̃
         v (Tensor): (..., N, d) values
         iters (int): Newton–Raphson steps.
-        normalize (bool): apply D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25); off reproduces the
+        normalize (bool): apply D^-1/2 A⁺ D^-1/2 (Eq. 25); off reproduces the
             un-normalized SOFT of the NeurIPS paper (Table 10 ablation).
-        pinv_method (str): how the T-step iterate A⁺ is computed (``pinv_methods()``:
-            'auto', the plan's list for m, or a variant's name; the fast mode
-            'regularized' is not the iterate).
+        pinv_method (str): how the T-step iterate A⁺ is computed: 'auto', the plan's
+            list for m, or a registered variant's name (``plan.pinv_methods()``;
+            another raises ValueError; the fast mode 'regularized' is not the iterate).
         plan (AttentionPlan, optional): every per-device choice (``plan.py``); None: the
             plan in force for q's device type. A SOFT layer reads it once per forward and
             passes it here.
@@ -424,11 +380,7 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
     """
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
-    plan = _plan(q, plan)
-    if pinv_method not in pinv_methods():  # checked in either order
-        raise ValueError(f'pinv_method must be one of {pinv_methods()}, got {pinv_method!r}')
-    if plan.order == 'official':
-        return official_order_attention(q, landmarks, v, iters, normalize)
+    plan = plan_for(q.device.type) if plan is None else plan
     device = device_type(q)
     # Under autocast the N-sized products run in the autocast dtype, as plain matmuls
     # would; the Function below sees concrete dtypes and runs with autocast off.
@@ -438,7 +390,7 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
                       for t in (q, landmarks, v)]
         # P in row chunks (``kernel_attention``) when gradients are needed (then it is
         # never kept for backward) or when it is too large to form at once on this
-        # device; a traced graph keeps the plain products (the chunking is Python-side).
+        # device; a traced graph keeps the plain products (the chunks are Python-side).
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
         once_up_to = plan.kernel_once_up_to
         large = once_up_to is not None and q[..., 0].numel() * lc.shape[-2] > once_up_to
@@ -456,18 +408,17 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
         # (same math; last bits differ, and so do long training runs).
         fm = kernel_features(lm, right=True)
         fl = fm if lc.dtype == dtype else kernel_features(lc, right=True)
-        fq = kernel_features(qc)
-        P = _kernel_products(qc, lc, plan).form(_flat(fq), _flat(fl))  # computed once
-        P = P.view(*qc.shape[:-1], lc.shape[-2])  # (..., N, m)
-        A = _kernel(_left_from_right(fm), fm)  # (..., m, m)
+        P = _kernel(kernel_features(qc), fl)  # (..., N, m), computed once
+        # A = κ(l̃, l̃): [l̃, |l̃|², -1/2] from [l̃, -1/2, |l̃|²], one copy, no norms
+        A = _kernel(torch.cat([fm[..., :-2], fm[..., -1:], fm[..., -2:-1]], -1), fm)
         W = _apply_inverse(A, (P.transpose(-1, -2) @ vc).to(dtype), iters, normalize,
                            pinv_method, plan)
         return P @ W.to(P.dtype)
 
 
 def _apply_inverse(A, Z, iters, normalize, pinv_method, plan):
-    """W = D^-1/2·A⁺·D^-1/2·Z (TPAMI Eq. 25; A⁺·Z without ``normalize``), D = diag(A·1),
-    A⁺·Z by the variant the dispatch picks for these inputs (``dispatch.select_variant``).
+    """W = D^-1/2·A⁺·D^-1/2·Z (Eq. 25; A⁺·Z without ``normalize``), D = diag(A·1),
+    A⁺·Z by the variant the dispatch picks for these inputs (``plan.select_variant``).
 
     Args:
         A (Tensor): (..., m, m) landmark kernel, float32 or float64.
@@ -479,7 +430,7 @@ def _apply_inverse(A, Z, iters, normalize, pinv_method, plan):
     if normalize:
         d_inv_sqrt = A.sum(-1, keepdim=True).rsqrt()  # (..., m, 1)
         Z = d_inv_sqrt * Z
-    W = select_variant(pinv_method, plan, Inputs.of(A, Z)).apply(A, Z, iters, plan)
+    W = select_variant(pinv_method, plan, Inputs.of(A, Z)).apply(A, Z, iters)
     return d_inv_sqrt * W if normalize else W
 
 
@@ -499,10 +450,10 @@ def _out_of_place_kernel(a, b):
 def official_order_attention(q, landmarks, v, iters=20, normalize=True):
     """The official code's order of computation: (P·Â)·(Pᵀ·V) with Â formed.
 
-    The reference the fast paths are checked and timed against (``attention_plan(
-    order='official')``): the same value as ``soft_attention`` up to rounding, at the
-    official cost: P computed twice with a new tensor per step, the m×m iterate formed
-    ('iterative'), and P·Â an O(N·m²) product.
+    The reference the fast paths are checked and timed against (a whole model runs it
+    under ``mmsoft.testing.official_order``): the same value as ``soft_attention`` up to
+    rounding, at the official cost: P computed twice with a new tensor per step, the
+    reference iterate formed (``newton_pinv``), and P·Â an O(N·m²) product.
 
     Args:
         q (Tensor): (..., N, d) scaled queries (= keys)
@@ -512,7 +463,7 @@ def official_order_attention(q, landmarks, v, iters=20, normalize=True):
         Tensor: (..., N, d)
     """
     A = _out_of_place_kernel(landmarks, landmarks)
-    Y = newton_pinv(A, iters=iters, method='iterative')
+    Y = newton_pinv(A, iters=iters)
     if normalize:
         Y = normalize_inverse(A, Y)
     left = _out_of_place_kernel(q, landmarks) @ Y  # P·Â: O(N·m²)

@@ -5,8 +5,8 @@ Every iterate is a polynomial in A, so on an eigenpair (λ, u) the T-step iterat
 the filter v_T(λ) (``_spectral_filter``), and Y·Z = U·diag(v_T(Λ))·Uᵀ·Z is applied to the
 thin Z without forming Y. A float64 kernel is decomposed in float64; a float32 one in
 float32 where a first-order error bound allows it, its Perron eigenpair split off in
-float64 first, and in float64 elsewhere (``_mixed_spectral_factors``). ``newton.py``
-keeps the factors (``_NewtonInverse``) and its autograd Functions apply them.
+float64 first, and in float64 elsewhere (``_mixed_spectral_factors``); ``spectral_apply``
+is the variant 'spectral', with the gradients of paper Eq. 16 (NeurIPS 2021).
 
 Without gradients the same filter can be applied through A's tridiagonal form instead
 of its eigenvectors (``tridiagonal_apply``, the variant 'tridiagonal': about half an
@@ -20,10 +20,11 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from .step_size import newton_alpha
+from .newton import Variant, newton_alpha
 
 __all__ = ['MIXED_ESTIMATE_LIMIT', 'PERRON_STEPS', 'RESOLVENT_NODES', 'TRIDIAGONAL_MIN_ITERS',
-           'apply_factors', 'resolvent_quadrature', 'tridiagonal_apply']
+           'Spectral', 'Tridiagonal', 'apply_factors', 'resolvent_quadrature', 'spectral_apply',
+           'tridiagonal_apply']
 
 # Power-iteration steps for the Perron eigenpair, and the largest first-order error
 # estimate a float32 decomposition may have (``_mixed_spectral_factors``).
@@ -196,6 +197,38 @@ def apply_factors(U, v, Z):
     return W.to(Z.dtype)
 
 
+def spectral_factors(A, iters, nonnegative=False):
+    """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of a symmetric A (..., m, m): a
+    float32 A through ``_mixed_spectral_factors``, a float64 one in float64."""
+    if A.dtype == torch.float32:
+        return _mixed_spectral_factors(A, iters, nonnegative)
+    return _spectral_factors(A, newton_alpha(A, nonnegative=nonnegative), iters)
+
+
+class _SpectralApply(torch.autograd.Function):
+    """W = Y·Z from Y's factors (``spectral_factors``), Y never formed; backward as
+    Eq. 16 (Y an exact, symmetric inverse): ∇Z = Y·∇W, ∇A = -∇Z·Wᵀ."""
+
+    @staticmethod
+    def forward(ctx, A, Z, iters, nonnegative):
+        U, v = spectral_factors(A, iters, nonnegative)
+        W = apply_factors(U, v, Z)
+        ctx.save_for_backward(W, U, v)
+        return W
+
+    @staticmethod
+    def backward(ctx, grad_W):
+        W, U, v = ctx.saved_tensors
+        grad_Z = apply_factors(U, v, grad_W)
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None
+
+
+def spectral_apply(A, Z, iters=20, nonnegative=False):
+    """Y·Z for the T-step iterate Y of a symmetric A (..., m, m) and Z (..., m, n) in A's
+    dtype, through one eigendecomposition (module docstring): the variant 'spectral'."""
+    return _SpectralApply.apply(A, Z, iters, nonnegative)
+
+
 @functools.lru_cache(maxsize=None)
 def resolvent_quadrature(nodes=RESOLVENT_NODES):
     """Poles and weights of a rational approximation of φ(x) = (1 - e^(-x)) / x on x ≥ 0:
@@ -231,7 +264,7 @@ def tridiagonal_apply(A, Z, iters, nonnegative):
     / λ (``_spectral_filter``) within 0.27·2^-T for αλ² ≤ 1, hence
     ``TRIDIAGONAL_MIN_ITERS``: with fewer steps the eigenvectors apply the filter. A is
     a CPU tensor (SciPy's LAPACK), eager code, no gradients (the variant 'tridiagonal'
-    declares so, ``dispatch.py``).
+    declares so).
 
     As in ``_mixed_spectral_factors``, the Perron pair (μ, x) is split off in float64
     first where it has converged, and T is of A - μ·x·xᵀ. A kernel whose first-order
@@ -354,3 +387,30 @@ def _eigenvalues_below(d, e, sigma):
             q = -tiny
         count += q < 0
     return count
+
+
+class Spectral(Variant):
+    """The same iterate through one eigendecomposition of A (``spectral_apply``):
+    LAPACK / cuSOLVER, so the CPU and CUDA; reads values on the host."""
+    name = 'spectral'
+    devices = ('cpu', 'cuda')
+    traceable = False  # its host reads would become constants of a traced graph
+    capturable = False
+
+    def apply(self, A, Z, iters):
+        return spectral_apply(A, Z, iters, nonnegative=True)
+
+
+class Tridiagonal(Variant):
+    """'spectral''s filter through A's tridiagonal form (``tridiagonal_apply``,
+    SciPy's LAPACK): inference on the CPU, float32, eager code."""
+    name = 'tridiagonal'
+    devices = ('cpu', )
+    dtypes = (torch.float32, )
+    gradients = False
+    compilable = False
+    traceable = False
+    requires = ('scipy', )
+
+    def apply(self, A, Z, iters):
+        return tridiagonal_apply(A, Z, iters, nonnegative=True)

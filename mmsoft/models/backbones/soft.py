@@ -1,8 +1,9 @@
-"""SOFT: softmax-free pyramid transformer with attention normalization (TPAMI SOFT paper).
+"""SOFT: softmax-free pyramid transformer with attention normalization (SOFT, IJCV 2024).
 
 Module and parameter names follow the official release, so official ImageNet checkpoints
 load without renaming (``checkpoint_filter_fn`` only unwraps and drops the head).
 """
+import functools
 import logging
 import math
 import warnings
@@ -15,12 +16,43 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import trunc_normal_
 
 from ...registry import register_model
-from ..attention import VARIANTS, pinv_methods, plan_for, soft_attention
+from ..attention import pinv_methods, plan_for, soft_attention
+from ..attention.dtypes import is_compiling
 from ..cuda_graphs import StageGraphs, can_capture, check_cuda_graphs
-from ..utils import (Backbone, DropPath, Mlp, build_norm, check_depths, guard_gelu_grad,
-                     parse_arch)
+from ..utils import Backbone, DropPath, Mlp, build_norm, check_depths, parse_arch
 
-__all__ = ['SOFT', 'checkpoint_filter_fn', 'resize_checkpoint_pos_embeds']
+__all__ = ['SOFT', 'checkpoint_filter_fn', 'guard_gelu_grad', 'resize_checkpoint_pos_embeds']
+
+
+@functools.lru_cache(maxsize=None)
+def _gelu_backward_misreads_strides():
+    """Whether this torch's GELU backward on the CPU gets a gradient wrong that is laid
+    out unlike GELU's input: torch 2.1's (its oneDNN kernel) returns uninitialized memory
+    then (pytorch/pytorch#112006). Asked of the kernel itself on 8×8 values, once, at
+    the first training forward on the CPU (not at import)."""
+    x = torch.linspace(-3, 3, 64, dtype=torch.float32).view(8, 8)
+    g = torch.linspace(-1, 1, 64, dtype=torch.float32).view(8, 8).t()  # laid out unlike x
+    with torch.no_grad():
+        strided = torch.ops.aten.gelu_backward(g, x)
+        dense = torch.ops.aten.gelu_backward(g.contiguous(), x)
+    return not torch.allclose(strided, dense)
+
+
+def guard_gelu_grad(y):
+    """y, the output of a GELU whose input is contiguous: where this torch's CPU GELU
+    backward misreads a gradient laid out otherwise (torch 2.1,
+    ``_gelu_backward_misreads_strides``), y's gradient is made contiguous before GELU's
+    backward reads it. Elsewhere, under torch.compile (whose backward is generated, not
+    that kernel) and while tracing (a traced graph keeps no hook), y unchanged, no hook.
+
+    Autograd hands a sum of gradients to GELU's backward in the layout of the first to
+    arrive; the gradient of a product's transposed operand arrives transposed (SOFT's
+    landmarks: from A = κ(Q̃, Q̃)).
+    """
+    if (y.requires_grad and y.device.type == 'cpu' and not is_compiling()
+            and not torch.jit.is_tracing() and _gelu_backward_misreads_strides()):
+        y.register_hook(torch.Tensor.contiguous)
+    return y
 
 
 class HeadSharedConv(nn.Conv2d):
@@ -60,7 +92,7 @@ class HeadSharedConv(nn.Conv2d):
 
 class SoftKernelAttention(nn.Module):
     """Landmarks, Gaussian kernel, Newton inverse and the depthwise conv on V (paper Eq. 5,
-    Alg. 2; TPAMI Eq. 25)."""
+    Alg. 2; IJCV 2024 Eq. 25)."""
 
     def __init__(self, head_dims, num_heads, sr_ratio, conv_size, newton_iters=20,
                  normalize=True, pinv_method='auto', landmark_grid=None):
@@ -221,7 +253,7 @@ def resize_pos_embed(pos_embed, grid, hw):
 
 @register_model()
 class SOFT(Backbone):
-    """SOFT backbone with attention normalization (TPAMI extension of NeurIPS 2021 SOFT).
+    """SOFT backbone with attention normalization (IJCV 2024, the extension of NeurIPS 2021 SOFT).
 
     A four-stage pyramid (strides 4, 8, 16, 32). Stages 1–3 use softmax-free Gaussian-kernel
     attention through learned landmarks and a Newton–Raphson pseudo-inverse; stage 4 uses
@@ -240,7 +272,7 @@ class SOFT(Backbone):
             'cls_token', the normalized (B, C) class token (for ImageNet classification,
             as the official model classifies).
         newton_iters (int): Newton–Raphson steps T for the pseudo-inverse.
-        attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (TPAMI Eq. 25);
+        attn_normalize (bool): attention normalization D^-1/2 A⁺ D^-1/2 (IJCV 2024 Eq. 25);
             False is the NeurIPS SOFT (paper Table 10 ablation).
         pinv_method (str): how the T-step Newton–Raphson iterate is computed, all with the
             same result up to rounding: 'auto' (default) takes the first variant of the
@@ -251,8 +283,8 @@ class SOFT(Backbone):
             float32 (the reference), 'spectral' evaluates them through one
             eigendecomposition (CPU, CUDA), 'tridiagonal' applies the same filter through
             the kernel's tridiagonal form (CPU inference, SciPy), 'tf32' runs the middle
-            steps with TF32 tensor-core products between float32 steps (the plan's
-            ``tf32_float32_steps``; float32 only; emulated off CUDA). A variant forced
+            steps with TF32 tensor-core products between float32 steps (the options of
+            the plan's ``TF32`` variant; float32 only; emulated off CUDA). A variant forced
             where it cannot run raises with the reasons. 'regularized' is a fast mode
             that is *not* the iterate: a Tikhonov solve (A² + μI)⁻¹·A with
             μ = 1/(α·2^T) by one Cholesky factorization
@@ -371,7 +403,8 @@ class SOFT(Backbone):
             raise ValueError('SOFT: cuda_graphs and with_cp cannot be combined (activation '
                              "checkpointing saves the CUDA RNG state, which a capture "
                              'cannot read)')
-        if graphs is not None and pinv_method != 'auto' and not VARIANTS[pinv_method].capturable:
+        if graphs is not None and pinv_method != 'auto' and not all(
+                v.capturable for v in plan_for('cuda').may_run(pinv_method)):
             raise ValueError(f'SOFT: cuda_graphs needs a pinv_method other than '
                              f'{pinv_method!r}: it reads values on the host (eigh '
                              'synchronizes a GPU with it), which a CUDA graph cannot capture')
@@ -468,7 +501,7 @@ class SOFT(Backbone):
                               'the blocks run eagerly')
             return eager(x)
         plan = plan_for(x.device.type)
-        if self.pinv_method == 'auto' and any(not VARIANTS[m].capturable for _, m in plan.pinv):
+        if not all(v.capturable for v in plan.may_run(self.pinv_method)):
             # a forced plan with eigh: not even tried, as a failed capture of cuSOLVER's
             # syevd left its later eager calls failing (CUSOLVER_STATUS_EXECUTION_FAILED)
             if not self._warned_eager:

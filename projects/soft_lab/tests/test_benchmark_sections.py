@@ -49,8 +49,8 @@ def test_the_lab_registers_its_sections_first():
 
 def test_plan_sections(tmp_path, capsys):
     """The four sections through the CLI with ``--import projects.soft_lab`` (the lab's
-    benchmark module imported with it), on the CPU: only float32 products, no TF32 or
-    fp16 columns, no Triton kernels."""
+    benchmark module imported with it), on the CPU: only float32 products, no TF32
+    columns."""
     from mmsoft.models.attention import plan_for
     out = tmp_path / 'b.json'
     plan = plan_for('cpu')
@@ -62,10 +62,13 @@ def test_plan_sections(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert set(res['pinv']) == {'16', '130'}
     assert 'iterative, applied, m padded to ×8' in res['pinv']['130']  # 130 -> 136
-    assert {'iterative, thin', 'spectral'} <= set(res['pinv']['16'])
+    assert set(res['pinv']['16']) == {
+        f'{c}{p}' for c in ('iterative', 'iterative, applied', 'iterative, training',
+                            'iterative, last 4 thin, training') for p in ('', ', m padded to ×8')
+    } | {'spectral'}
     assert not any('tf32' in c or 'eigh' in c for c in res['pinv']['16'])  # TF32: CUDA only
     assert list(res['matmul']) == ['40'] and list(res['matmul']['40']) == ['float32']
-    assert 'kernel_deviations' not in res and 'newton_steps' not in res  # fp16: CUDA only
+    assert 'tf32_conversion' not in res and 'matmul_kernels' not in res  # CUDA only
     assert list(res['calls']) == ['float32']  # the call sweep; TF32 on CUDA only
     sweep = res['calls']['float32']
     assert list(sweep['times']['40']) == ['2', '4', '10', '20']
@@ -84,13 +87,6 @@ def test_plan_sections(tmp_path, capsys):
         chunks = {f'2^{c}' for c in sections.KERNEL_CHUNKS}
         assert set(row) == chunks | ({'a G each'} if ' train ' in name else {'once'}), name
         assert all(t > 0 for t in row.values())
-
-
-def test_fp16_columns_on_cuda_only():
-    """The matmul section's fp16 columns need CUDA (and Triton, and torch 2.8's cuBLAS
-    products with float32 results)."""
-    assert sections._fp16_kinds('cpu') == ()
-    assert set(sections.FP16_KINDS.values()) == {'fp16', 'fp16x3'}
 
 
 def test_tf32_conversion_check_tells_the_conversions_apart():
@@ -171,10 +167,11 @@ def test_pinv_columns_compute_the_same_iterate():
     from mmsoft.models.attention import gaussian_kernel, newton_pinv
     x = torch.randn(3, 25, 8, dtype=torch.float64) * 0.3
     A, Z = gaussian_kernel(x, x), torch.randn(3, 25, 32, dtype=torch.float64)
-    Y = newton_pinv(A, method='iterative')
+    Y = newton_pinv(A, nonnegative=True)
     args = argparse.Namespace(device='cpu', pinv_pad=8, tf32_schedules=[(1, 2)])
     cols = sections.pinv_columns(args)
-    assert {'iterative, m padded to ×8', 'iterative, thin, m padded to ×8'} <= set(cols)
+    assert {'iterative, m padded to ×8', 'iterative, applied, m padded to ×8',
+            'iterative, last 4 thin, training, m padded to ×8'} <= set(cols)
     # CUDA's columns too (a float64 A runs 'tf32''s steps in float64 here)
     cuda = sections.pinv_columns(argparse.Namespace(device='cuda', pinv_pad=8,
                                                     tf32_schedules=[(1, 2)]))

@@ -12,7 +12,6 @@ from mmsoft.benchmark.common import path_plan
 from projects.soft_lab import device_report
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-TRITON = importlib.util.find_spec('triton') is not None
 
 
 def _load_tool(path):
@@ -108,14 +107,13 @@ def test_every_step_is_a_command_its_tool_takes():
                 assert parsed.device == device and parsed.json == osp.join('o', f'{name}.json')
                 assert parsed.imports == ['projects.soft_lab'], name
                 paths = parsed.soft_plans if tool == 'benchmark' else parsed.paths
-                if name in ('fp32', 'fidelity'):  # the candidates on CUDA only
+                if name in ('fp32', 'fidelity', 'decide-fp32', 'decide-fidelity'):
                     for path in (device_report.GUARDED, device_report.HORNER):
+                        # the candidates on CUDA only
                         assert (path in paths) == (device == 'cuda'), (name, device, path)
-                    for path in (device_report.FP16_SPLIT, device_report.TRITON_CHUNKS,
-                                 device_report.TRITON_FP16_SPLIT):  # with Triton
-                        assert (path in paths) == (device == 'cuda' and TRITON), (name, path)
-                for path in paths:  # the tools check them so
-                    path_plan(path, device)
+                for path in paths:  # the tools check them so ('official': no plan)
+                    if path != 'official':
+                        path_plan(path, device)
                 if tool == 'benchmark':  # the lab's sections, as the tool registers them
                     assert set(parsed.sections.split(',')) <= set(SECTIONS), name
                     if small:
@@ -207,9 +205,8 @@ def test_compile_steps_measure_one_round_at_one_size():
             elif compiled or name == 'graphs':
                 assert _last(cmd, '--rounds') == ['1' if compiled else '3'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--skip-official'], name
-            elif name == 'profile':  # its candidates all need Triton
-                after = '--soft-plans' if TRITON else '--json'
-                assert _last(cmd, '--sizes', 2) == ['800x1344', after], name
+            elif name == 'profile':  # CUDA's plan alone
+                assert _last(cmd, '--sizes', 2) == ['800x1344', '--json'], name
             elif name == 'decide-fp32':  # the detection size only, two rounds
                 assert _last(cmd, '--rounds') == ['2'], name
                 assert _last(cmd, '--sizes', 2) == ['800x1344', '--rounds'], name

@@ -2,16 +2,40 @@
 import pytest
 import torch
 
-from mmsoft.testing import (HARD_KERNELS, PINV_PATHS, PLAN_PATHS, float64_iterate,
-                            hard_landmarks, hard_problem, inference_only, kernel_bound,
-                            pinv_accuracy, relative_deviation)
+from mmsoft.testing import (HARD_KERNELS, PINV_PATHS, PLAN_PATHS, hard_landmarks,
+                            hard_problem, kernel_bound, pinv_accuracy, relative_deviation)
 from mmsoft.models import attention
-from mmsoft.models.attention import (gaussian_kernel, kernel_matmul, newton_alpha,
-                                     newton_pinv, newton_pinv_apply, newton_pinv_error,
-                                     normalize_inverse, regularized_apply,
-                                     resolve_pinv_method, round_tf32, sima_attention,
+from mmsoft.models.attention import (PLANS, TF32, VARIANTS, Inputs, gaussian_kernel,
+                                     kernel_matmul, newton_alpha, newton_iterate, newton_pinv,
+                                     newton_pinv_error, normalize_inverse, regularized_apply,
+                                     round_tf32, select_variant, sima_attention,
                                      soft_attention)
+from mmsoft.models.attention.spectral import spectral_apply
 from conftest import alpha_tie, halvings
+
+# CUDA's 'tf32', with its options
+CUDA_TF32 = PLANS['cuda'].may_run('tf32')[0]
+
+
+def eye_like(A):
+    return torch.eye(A.shape[-1], dtype=A.dtype).expand_as(A)
+
+
+def formed(method, A, iters=20):
+    """The iterate of A (..., m, m) as ``method`` computes it, formed: the reference
+    ``newton_pinv`` for 'iterative', else A⁺·I through 'spectral' (its α for any
+    symmetric A) or a variant; with Eq. 16's gradients."""
+    if method == 'iterative':
+        return newton_pinv(A, iters)
+    if method == 'spectral':
+        return spectral_apply(A, eye_like(A), iters)
+    return (VARIANTS[method] if isinstance(method, str) else method).apply(A, eye_like(A),
+                                                                           iters)
+
+
+def resolve(method, m, device_type):
+    inputs = Inputs(device=device_type, dtype=torch.float32, m=m)
+    return select_variant(method, PLANS[device_type], inputs)
 
 
 def gaussian_kernel_matrix(m, d=32, batch=(), scale=1.0, dtype=torch.float64):
@@ -28,22 +52,22 @@ def spd(m, cond=10.0, batch=()):
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_newton_converges_to_pinv_on_spd(method):
     A = spd(24, cond=8.0, batch=(3, ))
-    Y = newton_pinv(A, iters=20, method=method)
+    Y = formed(method, A)
     ref = torch.linalg.pinv(A)
     assert torch.allclose(Y, ref, rtol=1e-6, atol=1e-8 * ref.abs().max().item())
 
 
 def test_spectral_equals_iterative_on_gaussian_kernels():
     A = gaussian_kernel_matrix(64, batch=(2, 3), scale=0.3)
-    it = newton_pinv(A, method='iterative')
-    sp = newton_pinv(A, method='spectral')
+    it = newton_pinv(A)
+    sp = formed('spectral', A)
     assert (it - sp).abs().max() / it.abs().max() < 1e-7
     # also a (numerically) singular kernel: duplicated landmarks
     x = torch.randn(16, 32, dtype=torch.float64) * 0.3
     x = torch.cat([x, x[:4]])
     A = gaussian_kernel(x, x)
-    it = newton_pinv(A, method='iterative')
-    sp = newton_pinv(A, method='spectral')
+    it = newton_pinv(A)
+    sp = formed('spectral', A)
     assert (it - sp).abs().max() / it.abs().max() < 1e-6
 
 
@@ -131,20 +155,19 @@ def test_zero_padding_keeps_the_iterate():
     alpha, alpha_p = newton_alpha(A, nonnegative=True), newton_alpha(Ap, nonnegative=True)
     assert torch.equal(halvings(A, alpha), halvings(Ap, alpha_p))
     assert torch.allclose(alpha_p, alpha, rtol=1e-13, atol=0)
-    Y, Yp = newton_pinv(A, method='iterative'), newton_pinv(Ap, method='iterative')
+    Y, Yp = newton_pinv(A), newton_pinv(Ap)
     tol = 1e-12 * Y.abs().max().item()
     assert torch.allclose(Yp[:, :30, :30], Y, rtol=0, atol=tol)
     assert (Yp[:, 30:] == 0).all() and (Yp[:, :, 30:] == 0).all()
-    W = newton_pinv_apply(Ap, Zp, method='iterative')
+    W = VARIANTS['iterative'].apply(Ap, Zp, 20)
     assert torch.allclose(W[:, :30], Y @ Z, rtol=0, atol=100 * tol * Z.abs().max().item())
     assert (W[:, 30:] == 0).all()
-    # the plans' own padding (``pinv_pad``): the same iterate formed, thin and in TF32
-    for kwargs in (dict(method='iterative'), dict(method='iterative', thin_steps=20),
-                   dict(method='tf32', thin_steps=8)):
-        ref = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=1)
-        out = newton_pinv_apply(A, Z, nonnegative=True, **kwargs, pad_to=8)
-        assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, kwargs
-    assert newton_pinv(A, pad_to=16).shape == A.shape
+    # TF32's own padding (``pad_to``): the same iterate formed and thin (in float64 the
+    # TF32 steps are float32 ones)
+    for options in (dict(), dict(thin_steps=8), dict(float32_steps=(0, 20), thin_steps=20)):
+        ref = TF32(**options).apply(A, Z, 20)
+        out = TF32(**options, pad_to=8).apply(A, Z, 20)
+        assert out.shape == ref.shape and relative_deviation(out, ref) < 1e-12, options
 
 
 def test_gaussian_kernel_gradient():
@@ -170,7 +193,7 @@ def test_soft_attention_gradients_equal_the_explicit_inverse(method, chunk, forc
     out = soft_attention(q, lm, v, pinv_method=method)
     grads = torch.autograd.grad((out * G).sum(), (q, lm, v))
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-    ref = P @ (normalize_inverse(A, newton_pinv(A, method=method)) @ (P.mT @ v))
+    ref = P @ (normalize_inverse(A, formed(method, A)) @ (P.mT @ v))
     ref_grads = torch.autograd.grad((ref * G).sum(), (q, lm, v))
     assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
     for g, r in zip(grads, ref_grads):
@@ -199,7 +222,7 @@ def test_one_backward_for_both_kernel_products(normalize, method, wrt, force_pla
     if method == 'regularized':
         W = d * regularized_apply(A, d * (P.mT @ v))
     else:
-        W = d * (newton_pinv(A, method=method) @ (d * (P.mT @ v)))
+        W = d * (newton_pinv(A) @ (d * (P.mT @ v)))
     ref_grads = torch.autograd.grad((P @ W * G).sum(), wanted)
     assert torch.allclose(out, P @ W, rtol=1e-10, atol=1e-12)
     for g, h, r in zip(grads, again, ref_grads):
@@ -219,8 +242,6 @@ def test_regularized_mode_is_the_tikhonov_filter():
     iterate = newton_pinv(A) @ Z
     dev = ((out - iterate).norm() / iterate.norm()).item()
     assert 0 < dev < 0.1
-    with pytest.raises(ValueError, match='regularized'):
-        newton_pinv(A, method='regularized')
 
 
 def test_regularized_failed_factorization_is_never_silent(monkeypatch):
@@ -283,17 +304,19 @@ def test_inverse_is_float32_under_autocast(monkeypatch):
     its inverse stay float32 (~0.6 % from float64 here, the bf16 products' rounding).
     The inverse sees float32 operands; with the guard removed the dispatch would refuse
     the bf16 kernel."""
-    from mmsoft.models.attention import dispatch
+    from mmsoft.models.attention import newton
     from mmsoft.models.attention import soft as soft_mod
     q, lm, v = _ill_conditioned_soft_inputs()
     ref = soft_attention(q.double(), lm.double(), v.double())
     seen = []
 
-    def recording_apply(A, Z, *args, **kwargs):
-        seen.append((A.dtype, Z.dtype))
-        return newton_pinv_apply(A, Z, *args, **kwargs)
+    plain = newton.Iterative.apply
 
-    monkeypatch.setattr(dispatch, 'newton_pinv_apply', recording_apply)  # the variants'
+    def recording_apply(self, A, Z, *args, **kwargs):
+        seen.append((A.dtype, Z.dtype))
+        return plain(self, A, Z, *args, **kwargs)
+
+    monkeypatch.setattr(newton.Iterative, 'apply', recording_apply)
 
     def deviation():
         seen.clear()
@@ -356,8 +379,8 @@ def test_sima_finite_in_half_precision_at_detection_size():
 
 
 def test_bad_arguments_raise():
-    with pytest.raises(ValueError, match='method'):
-        newton_pinv(torch.eye(3), method='cholesky')
+    with pytest.raises(ValueError, match='iters'):
+        newton_pinv(torch.eye(3), iters=-1)
     with pytest.raises(ValueError, match='order'):
         sima_attention(*(torch.randn(1, 4, 2) for _ in range(3)), order='random')
 
@@ -465,28 +488,30 @@ def test_round_tf32_keeps_ten_mantissa_bits():
 @pytest.mark.parametrize('m', [64, 196])
 @pytest.mark.parametrize('kind', HARD_KERNELS)
 def test_every_path_a_plan_may_take_stays_near_the_float64_iterate(kind, m):
-    """Inference and training, every path a plan may take (``PLAN_PATHS``, 'tf32' with the
-    plans' schedule). Largest deviations measured over seeds 0-3 (``python
+    """Inference and training, every path a plan may take (``PLAN_PATHS``: the variants,
+    'tf32' also with CUDA's options). Largest deviations measured over seeds 0-3 (``python
     tools/analysis_tools/pinv_accuracy.py --seeds 0 1 2 3``; docs/en/notes/numerics.md),
     the 'boundary' kernels aside: 2.0e-4 ('iterative', near-rank-1), at most half the
     bound; on 'boundary' kernels, where the official float32 iteration itself deviates up
     to 8.5e-2, every path stays within 1.27× of it."""
-    assert resolve_pinv_method('auto', m, 'cpu') in PLAN_PATHS
-    assert resolve_pinv_method('auto', m, 'cuda') in PLAN_PATHS
+    assert resolve('auto', m, 'cpu') in PINV_PATHS.values()
+    assert resolve('auto', m, 'cuda') in PINV_PATHS.values()
     out = pinv_accuracy(kind, m)
-    # inference and training per path; training not for the tridiagonal application
-    assert len(out) == 2 + sum(1 if inference_only(PINV_PATHS[p]) else 2 for p in PLAN_PATHS)
+    # inference and training per path; training where the variant computes gradients
+    assert len(out) == 2 + sum(2 if PINV_PATHS[p].gradients else 1 for p in PLAN_PATHS)
     for name, dev in out.items():
         if name not in ('floor', 'bound'):
             assert dev <= out['bound'], (kind, m, name, dev, out['floor'])
 
 
 def test_every_step_thin_misses_the_bound_near_the_boundary():
-    """Why a plan applies at most the float32 steps that end the iteration thin: with
+    """Why 'tf32' applies at most its last float32 steps thin, after a formed step: with
     every step thin (from V₀ = αA) the first factor 2I - αA² is near 0 for eigenvalues
     near the step size's boundary and its rounding is never corrected. Finite."""
+    from mmsoft.models.attention.newton import _NewtonPinvThin
     A, Z, ref, floor = hard_problem('boundary', 196)
-    W = newton_pinv_apply(A, Z, method='iterative', nonnegative=True, thin_steps=20)
+    every = ((0, 'float32'), (0, 'tf32'), (20, 'float32'))
+    W = _NewtonPinvThin.apply(A, Z, every, 1, 20, False, True)
     assert kernel_bound(floor) < relative_deviation(W, ref) < float('inf')
 
 
@@ -511,7 +536,7 @@ def test_mixed_eigh_keeps_the_bound_where_float32_eigh_misses_it():
         assert out['spectral inference'] <= out['bound'] / 1.5, (kind, out)
         assert out['spectral training'] <= out['bound'] / 1.5, (kind, out)
     A, Z, ref, _ = hard_problem('clustered', 196)
-    W64 = newton_pinv_apply(A.double(), Z.double(), method='spectral', nonnegative=True)
+    W64 = spectral_apply(A.double(), Z.double(), nonnegative=True)
     out = pinv_accuracy('clustered', 196, paths=('spectral', ))
     assert out['spectral inference'] > 10 * relative_deviation(W64, ref), out
 
@@ -526,8 +551,7 @@ def test_mixed_eigh_treats_each_kernel_of_a_batch_on_its_own():
     Z = torch.stack([p[1] for p in problems]).reshape(2, 2, 64, 32)
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
-            W = newton_pinv_apply(A.clone().requires_grad_(grad), Z, nonnegative=True,
-                                  method='spectral').detach()
+            W = spectral_apply(A.clone().requires_grad_(grad), Z, nonnegative=True).detach()
         assert W.shape == Z.shape
         for (kind, seed), (_, _, ref, floor), w in zip(kinds, problems, W.reshape(4, 64, 32)):
             assert relative_deviation(w, ref) <= kernel_bound(floor), (kind, seed, grad)
@@ -558,9 +582,9 @@ def test_tf32_needs_a_first_float32_step_near_the_boundary():
     those eigenvalues to |1 - λv| < 1, where TF32 rounding stays harmless; more float32
     steps at the end do not repair it."""
     A, Z, ref, floor = hard_problem('boundary', 64, seed=1)
-    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(0, 8))
+    W = TF32(float32_steps=(0, 8)).apply(A, Z, 20)
     assert not torch.isfinite(W).all() or relative_deviation(W, ref) > 5 * kernel_bound(floor)
-    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 8))
+    W = TF32(float32_steps=(1, 8)).apply(A, Z, 20)
     assert relative_deviation(W, ref) <= kernel_bound(floor)
 
 
@@ -569,9 +593,9 @@ def test_tf32_needs_its_last_float32_steps():
     directions (Newton's step squares the error there): without them a clustered kernel
     ends beyond the bound."""
     A, Z, ref, floor = hard_problem('clustered', 64)
-    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 0))
+    W = TF32(float32_steps=(1, 0)).apply(A, Z, 20)
     assert relative_deviation(W, ref) > kernel_bound(floor)
-    W = newton_pinv_apply(A, Z, method='tf32', nonnegative=True, tf32_float32_steps=(1, 2))
+    W = TF32(float32_steps=(1, 2)).apply(A, Z, 20)
     assert relative_deviation(W, ref) <= kernel_bound(floor) / 2
 
 
@@ -595,13 +619,13 @@ def _mm_products(fn):
 
 
 @pytest.mark.parametrize('kwargs, steps, shape', [
-    (dict(method='iterative'), 20, (3, 40)),  # every step thin, from V₀ = αA
-    (dict(method='iterative'), 4, (3, 40)),
-    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (3, 40)),  # CUDA's
-    (dict(method='tf32', tf32_float32_steps=(1, 8)), 3, (3, 40)),
+    (dict(float32_steps=(0, 20)), 19, (3, 40)),  # every step thin after the first
+    (dict(float32_steps=(0, 20)), 4, (3, 40)),
+    (dict(float32_steps=(1, 4), pad_to=32), 4, (3, 40)),  # CUDA's
+    (dict(float32_steps=(1, 8)), 3, (3, 40)),
     # large enough for thin steps to pay in training (``_thin_pays_in_training``):
     # CUDA's 4 steps there as X_0, its next step X_1 and Horner's rule for the last 3
-    (dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32), 4, (8, 500)),
+    (dict(float32_steps=(1, 4), pad_to=32), 4, (8, 500)),
 ])
 def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
     """The last L steps applied to the thin matrix compute the formed iterate times Z,
@@ -616,20 +640,21 @@ def test_thin_steps_are_the_formed_steps(kwargs, steps, shape):
     Z = torch.randn(b, m, 8, dtype=torch.float64)
     grad = torch.randn(b, m, 8, dtype=torch.float64)
     A_ref, Z_ref = A.clone().requires_grad_(), Z.clone().requires_grad_()
-    ref = newton_pinv(A_ref, **kwargs) @ Z_ref
+    ref = newton_pinv(A_ref) @ Z_ref  # float64: the TF32 steps are float64 ones
     ref.backward(grad)
+    plain, thinned = TF32(**kwargs), TF32(**kwargs, thin_steps=min(steps, 8))
+    if steps > 8:
+        thinned = TF32(float32_steps=(0, 20), thin_steps=steps)
     with torch.no_grad():
-        thin = newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs)
-        formed = _mm_products(lambda: newton_pinv_apply(A, Z, nonnegative=True, **kwargs))
-        counted = _mm_products(
-            lambda: newton_pinv_apply(A, Z, nonnegative=True, thin_steps=steps, **kwargs))
+        thin = thinned.apply(A, Z, 20)
+        formed = _mm_products(lambda: plain.apply(A, Z, 20))
+        counted = _mm_products(lambda: thinned.apply(A, Z, 20))
     assert relative_deviation(thin, ref) < 1e-12
     assert formed[0] - counted[0] == steps  # one m×m product fewer per thin step
     assert counted[1] - formed[1] == steps  # (2I - X)·W each, V·W instead of Y·Z
     A_thin, Z_thin = A.clone().requires_grad_(), Z.clone().requires_grad_()
     W = []
-    training = _mm_products(lambda: W.append(newton_pinv_apply(
-        A_thin, Z_thin, nonnegative=True, thin_steps=steps, **kwargs)))
+    training = _mm_products(lambda: W.append(thinned.apply(A_thin, Z_thin, 20)))
     W = W[0]
     assert relative_deviation(W.detach(), ref.detach()) < 1e-12
     backward = _mm_products(lambda: W.backward(grad))
@@ -656,20 +681,6 @@ def test_thin_steps_take_the_fewest_flops_or_launches():
     assert _horner_steps(4, 256, 32, b=2) == 0
     assert _horner_steps(4, 1056, 1056, b=2) == 0
     assert _horner_steps(0, 1056, 32, b=2) == 0
-
-
-@pytest.mark.parametrize('kwargs', [
-    dict(method='spectral', thin_steps=1),
-    dict(method='tf32', tf32_float32_steps=(1, 4), thin_steps=5),
-    dict(method='iterative', iters=3, thin_steps=4), dict(method='iterative', thin_steps=-1),
-])
-def test_thin_steps_are_float32_steps_that_exist(kwargs):
-    """Only the float32 steps that end the iteration can be applied thin: 'spectral' has
-    no steps, 'tf32''s middle ones are TF32."""
-    A = gaussian_kernel_matrix(8, batch=(1, ), scale=0.3)
-    with pytest.raises(ValueError, match='thin_steps'):
-        newton_pinv_apply(A, torch.ones(1, 8, 2, dtype=torch.float64), nonnegative=True,
-                          **kwargs)
 
 
 def test_thin_steps_keep_cudas_schedule_accurate():
@@ -702,13 +713,12 @@ def test_thin_steps_apply_the_iterate_before_their_factors(m):
     Z_null = null @ torch.randn(m // 4, 32, generator=g, dtype=torch.float64)
     Z = (0.01 * Z / Z.norm() + 0.99 * Z_null / Z_null.norm()).float()
     A = A64.float()
-    ref = float64_iterate(A) @ Z.double()
-    from mmsoft.models.attention.newton import _NewtonPinvThin, check_pinv_options
-    kwargs = dict(method='tf32', tf32_float32_steps=(1, 4), pad_to=32, nonnegative=True)
-    formed = relative_deviation(newton_pinv_apply(A, Z, **kwargs), ref)
-    options = check_pinv_options((1, 4), 32)
+    ref = newton_iterate(A.double()) @ Z.double()
+    from mmsoft.models.attention.newton import _NewtonPinvThin
+    formed = relative_deviation(TF32(float32_steps=(1, 4), pad_to=32).apply(A, Z, 20), ref)
     with torch.no_grad():
-        thin = _NewtonPinvThin.apply(A, Z, 20, 'tf32', True, options, 4, True)
+        cuda = ((1, 'float32'), (15, 'tf32'), (4, 'float32'))  # CUDA's 'tf32' at T = 20
+        thin = _NewtonPinvThin.apply(A, Z, cuda, 32, 4, True, True)
     thin = relative_deviation(thin, ref)
     assert thin <= 2 * formed, (thin, formed)
 
@@ -720,7 +730,7 @@ def test_newton_of_the_identity_is_zero():
     eye = torch.eye(3, dtype=torch.float64)
     assert newton_alpha(eye).flatten().tolist() == [2.0]
     for method in ('iterative', 'spectral'):
-        assert newton_pinv(eye, method=method).abs().max() < 1e-12, method
+        assert formed(method, eye).abs().max() < 1e-12, method
     # landmarks far apart (A ≈ I): the iterate is far from A⁻¹ although A is well
     # conditioned (41 % and 99 % at norms² 30 and 40 in d = 32, found in a review)
     x = torch.randn(48, 32, generator=torch.Generator().manual_seed(0),
@@ -763,11 +773,11 @@ def test_tridiagonal_application_is_the_iterate_in_float64_terms(iters):
     landmarks = torch.randn(100, 16, dtype=torch.float64) * 0.35
     A = gaussian_kernel(landmarks, landmarks)
     Z = torch.randn(100, 8, dtype=torch.float64)
-    ref = float64_iterate(A.float(), iters) @ Z
+    ref = newton_iterate(A.float().double(), iters) @ Z
     from mmsoft.models.attention.spectral import tridiagonal_apply
     with torch.no_grad():
         tri = tridiagonal_apply(A.float(), Z.float(), iters, True)
-        eigh = newton_pinv_apply(A.float(), Z.float(), iters, 'spectral', True)
+        eigh = spectral_apply(A.float(), Z.float(), iters, True)
     assert not torch.equal(tri, eigh)
     assert relative_deviation(tri, ref) < 3e-5
     assert relative_deviation(tri, eigh) < 1e-4
@@ -777,9 +787,11 @@ def test_tridiagonal_application_runs_in_inference_only():
     """The variant declares it: with gradients the CPU's list runs 'spectral' above 448
     landmarks, without them 'tridiagonal'; forced with gradients it raises."""
     pytest.importorskip('scipy')
-    assert resolve_pinv_method('auto', 1050, 'cpu') == 'tridiagonal'
-    assert resolve_pinv_method('auto', 1050, 'cpu', grad=True) == 'spectral'
-    assert resolve_pinv_method('auto', 448, 'cpu') == 'spectral'
+    cpu = PLANS['cpu']
+    assert select_variant('auto', cpu, Inputs('cpu', torch.float32, 1050)).name == 'tridiagonal'
+    assert select_variant('auto', cpu, Inputs('cpu', torch.float32, 1050, grad=True)).name == (
+        'spectral')
+    assert select_variant('auto', cpu, Inputs('cpu', torch.float32, 448)).name == 'spectral'
     q = (torch.randn(1, 1, 40, 8) * 0.3).requires_grad_()
     with pytest.raises(attention.VariantNotSupported, match="'tridiagonal': computes no "
                        'gradients'):

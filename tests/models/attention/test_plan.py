@@ -9,10 +9,16 @@ import torch
 from conftest import needs_one_graph_dynamo
 
 from mmsoft.models import attention
-from mmsoft.models.attention import (DEFAULT_PLAN, PLANS, VARIANTS, AttentionPlan, Inputs,
-                                     VariantNotSupported, attention_plan, plan_for,
-                                     resolve_pinv_method, select_variant, soft_attention)
-from mmsoft.models.attention.dispatch import InverseVariant
+from mmsoft.models.attention import (DEFAULT_PLAN, PLANS, TF32, VARIANTS, AttentionPlan,
+                                     Inputs, Variant, VariantNotSupported, attention_plan,
+                                     plan_for, select_variant, soft_attention)
+
+
+def resolve(method, m, device_type='cpu', dtype=torch.float32, grad=False):
+    """The variant a layer's ``pinv_method`` runs for m landmarks under the plan in force
+    for a device type (eager code)."""
+    inputs = Inputs(device=device_type, dtype=dtype, m=m, grad=grad)
+    return select_variant(method, plan_for(device_type), inputs).name
 
 
 def test_plans_are_immutable():
@@ -25,19 +31,20 @@ def test_plans_are_immutable():
 
 
 def test_auto_reads_the_plan():
-    assert [resolve_pinv_method('auto', m, 'cpu') for m in (128, 129)] == [
+    assert [resolve('auto', m, 'cpu') for m in (128, 129)] == [
         'iterative', 'spectral']
-    assert [resolve_pinv_method('auto', m, 'cuda') for m in (196, 197, 1050)] == [
+    assert [resolve('auto', m, 'cuda') for m in (196, 197, 1050)] == [
         'iterative', 'tf32', 'tf32']
     # elsewhere (no measurements, no native TF32) the formed float32 iterate
-    assert resolve_pinv_method('auto', 1050, 'mps') == 'iterative'
-    assert resolve_pinv_method('spectral', 16, 'cuda') == 'spectral'  # asked for: taken
-    assert (DEFAULT_PLAN.pinv_pad, DEFAULT_PLAN.local_conv_layout) == (1, 'images')
+    assert resolve('auto', 1050, 'mps') == 'iterative'
+    assert resolve('spectral', 16, 'cuda') == 'spectral'  # asked for: taken
+    assert DEFAULT_PLAN.local_conv_layout == 'images'
+    assert DEFAULT_PLAN.pinv == ((1, VARIANTS['iterative']), )
     with attention_plan(pinv='spectral', device='cuda'):
-        assert resolve_pinv_method('auto', 16, 'cuda') == 'spectral'
-        assert resolve_pinv_method('auto', 16, 'cpu') == 'iterative'  # not forced there
-        assert resolve_pinv_method('iterative', 16, 'cuda') == 'iterative'  # not 'auto'
-    assert resolve_pinv_method('auto', 16, 'cuda') == 'iterative'
+        assert resolve('auto', 16, 'cuda') == 'spectral'
+        assert resolve('auto', 16, 'cpu') == 'iterative'  # not forced there
+        assert resolve('iterative', 16, 'cuda') == 'iterative'  # not 'auto'
+    assert resolve('auto', 16, 'cuda') == 'iterative'
 
 
 def test_forced_choices_nest_and_are_restored():
@@ -52,22 +59,22 @@ def test_forced_choices_nest_and_are_restored():
         assert plan_for('cpu').local_conv_layout == 'channels'
         assert plan_for('cuda').local_conv_layout == 'images'
     assert plan_for('cpu') is PLANS['cpu'] and plan_for('meta') is DEFAULT_PLAN
-    with pytest.raises(RuntimeError), attention_plan(order='official'):
+    with pytest.raises(RuntimeError), attention_plan(kernel_chunk=3):
         raise RuntimeError  # an error in the block restores the plan too
-    assert plan_for('cpu').order == 'thin'
+    assert plan_for('cpu') is PLANS['cpu']
 
 
-def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
-    """CUDA's plan applies its last float32 steps to the thin matrix. Forcing 'spectral'
-    on every device type (the module docstring's example) keeps that choice for layers
-    whose ``pinv_method`` ends in float32 steps, and applies none to the forced method."""
-    cuda = PLANS['cuda']
-    assert cuda.thin_steps > 0
+def test_a_forced_name_runs_the_plans_own_variant():
+    """A layer's ``pinv_method`` names a variant: the plan's own where it lists one (CUDA's
+    'tf32' with CUDA's options, for any m), else the registered one (the defaults)."""
+    cuda_tf32 = PLANS['cuda'].pinv[0][1]
+    assert (cuda_tf32.float32_steps, cuda_tf32.pad_to, cuda_tf32.thin_steps) == ((1, 4), 32, 4)
+    assert select_variant('tf32', PLANS['cuda'], Inputs('cuda', torch.float32, 16)) is cuda_tf32
+    assert PLANS['cpu'].may_run('tf32') == (VARIANTS['tf32'], )
+    assert VARIANTS['tf32'] == TF32() and TF32().float32_steps == (1, 8)
+    assert PLANS['cuda'].may_run('auto') == (cuda_tf32, VARIANTS['iterative'])
     with attention_plan(pinv='spectral'):
-        plan = plan_for('cuda')
-        assert plan.variants_for(1050) == ('spectral', )
-        assert plan.thin_steps_for('spectral', 20) == 0
-        assert plan.thin_steps_for('tf32', 20) == cuda.thin_steps
+        assert plan_for('cuda').may_run('auto') == (VARIANTS['spectral'], )
 
 
 @pytest.mark.parametrize('choices, error', [
@@ -75,22 +82,15 @@ def test_forcing_a_method_without_float32_steps_keeps_the_thin_steps():
     (dict(local_conv_layout='bogus'), ValueError),
     (dict(pinv='auto'), ValueError),  # a plan names variants
     (dict(pinv='tf32x3'), ValueError),  # not a registered variant
-    (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry for every m
-    (dict(pinv=((128, 'iterative', 1), (None, 'iterative'))), ValueError),  # not a pair
+    (dict(pinv=((128, 'iterative'), )), ValueError),  # no entry from 1 landmark on
+    (dict(pinv=((1, 'iterative', 1), )), ValueError),  # not a pair
+    (dict(pinv=((None, 'iterative'), )), ValueError),  # the old (largest m, name) form
     (dict(kernel_chunk=0), ValueError),
     (dict(compiled_kernel_chunks=0), ValueError),
     (dict(compiled_kernel_chunks=True), ValueError),  # not a count
-    (dict(order='fast'), ValueError),
-    (dict(kernel_products='fused'), ValueError),  # not registered
-    (dict(kernel_products=()), ValueError),
-    (dict(tf32_float32_steps=(1, )), ValueError),
-    (dict(tf32_float32_steps=(1, -2)), ValueError),
-    (dict(pinv_pad=0), ValueError),
-    (dict(pinv='tf32', thin_steps=-1), ValueError),
-    (dict(pinv='tf32', tf32_float32_steps=(1, 4), thin_steps=5), ValueError),  # TF32 steps
-    (dict(pinv='iterative', tf32_float32_steps=(1, 0), thin_steps=1), ValueError),
-    # CUDA's plan applies 4 thin steps: a schedule with fewer last ones lowers them too
-    (dict(tf32_float32_steps=(1, 2)), ValueError),
+    (dict(kernel_once_up_to=-1), ValueError),
+    (dict(order='official'), TypeError),  # not a field: mmsoft.testing.official_order
+    (dict(tf32_float32_steps=(1, 4)), TypeError),  # the TF32 variant's own: TF32(...)
 ])
 def test_bad_choices_are_refused(choices, error):
     with pytest.raises(error):
@@ -98,8 +98,16 @@ def test_bad_choices_are_refused(choices, error):
             pass
     assert plan_for('cpu') is PLANS['cpu']
     with pytest.raises(TypeError, match='AttentionPlan'):
-        with attention_plan(dict(order='thin')):
+        with attention_plan(dict(kernel_chunk=3)):
             pass
+
+
+@pytest.mark.parametrize('options', [
+    dict(float32_steps=(1, )), dict(float32_steps=(1, -2)), dict(pad_to=0),
+    dict(thin_steps=-1), dict(float32_steps=(1, 4), thin_steps=5)])  # thin: last steps only
+def test_bad_tf32_options_are_refused(options):
+    with pytest.raises(ValueError):
+        TF32(**options)
 
 
 def test_forced_plans_are_thread_local():
@@ -132,19 +140,26 @@ def test_compiled_code_sees_the_forced_plan():
     assert chunk_times(x)[0] == PLANS['cpu'].kernel_chunk
 
 
-def test_official_order_is_a_forced_choice(monkeypatch):
-    q = torch.randn(2, 3, 40, 8, dtype=torch.float64) * 0.5
-    lm = torch.randn(2, 3, 10, 8, dtype=torch.float64) * 0.5
-    v = torch.randn(2, 3, 40, 8, dtype=torch.float64)
+def test_official_order_runs_the_reference(monkeypatch):
+    """``mmsoft.testing.official_order`` makes a SOFT layer compute the official order
+    (``official_order_attention``) whatever its ``pinv_method``, and only inside."""
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    from mmsoft.testing import official_order
+    layer = SoftKernelAttention(8, 2, 2, 3, pinv_method='spectral').double()
+    q = torch.randn(1, 2, 64, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 64, 8, dtype=torch.float64)
     calls = []
     official = attention.soft.official_order_attention
     monkeypatch.setattr(attention.soft, 'official_order_attention',
                         lambda *a: calls.append(1) or official(*a))
-    ours = soft_attention(q, lm, v)
-    with attention_plan(order='official'):
-        ref = soft_attention(q, lm, v)
+    with torch.no_grad():
+        ours = layer(q, v, (8, 8))
+        with official_order():
+            ref = layer(q, v, (8, 8))
+        assert calls == [1]
+        layer(q, v, (8, 8))
     assert calls == [1]
-    # float64: the two orders differ by rounding only
+    # float64: the two orders and the two variants differ by rounding only
     assert torch.allclose(ours, ref, rtol=1e-9, atol=1e-10)
 
 
@@ -167,56 +182,38 @@ def test_backward_chunks_as_its_forward_did():
 
 def test_a_plan_is_data():
     plan = AttentionPlan(pinv='spectral', kernel_chunk=7)
-    assert plan.pinv == ((None, 'spectral'), ) and plan.variants_for(10**6) == ('spectral', )
-    assert plan.kernel_products == ('chunks', )
+    assert plan.pinv == ((1, VARIANTS['spectral']), )
+    assert plan.may_run('auto') == (VARIANTS['spectral'], )
     assert dataclasses.replace(plan, kernel_chunk=8) == AttentionPlan(pinv='spectral',
                                                                       kernel_chunk=8)
+    assert AttentionPlan(pinv=TF32(pad_to=8)) == AttentionPlan(pinv=((1, TF32(pad_to=8)), ))
 
 
-@pytest.fixture
-def pinv_calls(monkeypatch):
-    """The calls the library's variants make to newton_pinv_apply while the test runs,
-    each as (its kernel's landmark count m, its method, its keyword options); the calls
-    still compute."""
-    from mmsoft.models.attention import dispatch, newton_pinv_apply
+def test_the_iterates_options_are_the_variants_own(monkeypatch):
+    """'tf32' computes with its own options (the plan lists a configured ``TF32``); the
+    reference 'iterative' takes none: formed, unpadded, every step formed."""
+    from mmsoft.models.attention import newton
     calls = []
 
-    def recording(A, Z, iters, method, **kwargs):
-        calls.append((A.shape[-1], method, kwargs))
-        return newton_pinv_apply(A, Z, iters, method, **kwargs)
+    def recording(cls):
+        plain = cls.apply
 
-    monkeypatch.setattr(dispatch, 'newton_pinv_apply', recording)
-    return calls
+        def apply(self, A, Z, iters):
+            options = dataclasses.astuple(self) if dataclasses.is_dataclass(self) else ()
+            calls.append((self.name, A.shape[-1], iters, options))
+            return plain(self, A, Z, iters)
+        monkeypatch.setattr(cls, 'apply', apply)
 
-
-def test_the_iterates_options_come_from_the_plan(pinv_calls):
-    """The variants pass the plan's options of the iterate ('tf32''s float32 steps, the
-    padding, the thin steps) down to newton_pinv_apply, whose own defaults read no
-    plan."""
-    from mmsoft.models.attention import newton, newton_pinv_apply
-    from mmsoft.testing import hard_problem
+    recording(newton.TF32)
+    recording(newton.Iterative)
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
     lm = torch.randn(1, 1, 16, 8) * 0.3
-    with attention_plan(pinv='tf32', tf32_float32_steps=(2, 3), pinv_pad=8, thin_steps=2):
+    with attention_plan(pinv=TF32(float32_steps=(2, 3), pad_to=8, thin_steps=2)):
         soft_attention(q, lm, v)
-        soft_attention(q, lm, v, pinv_method='spectral')  # a layer's method without steps
-        soft_attention(q, lm, v, iters=2)  # one formed step first, whatever the plan
         soft_attention(q, lm, v, pinv_method='iterative')
-    tf32 = dict(nonnegative=True, tf32_float32_steps=(2, 3), pad_to=8)
-    assert [(method, kwargs) for _, method, kwargs in pinv_calls] == [
-        ('tf32', dict(tf32, thin_steps=2)), ('spectral', dict(nonnegative=True)),
-        ('tf32', dict(tf32, thin_steps=1)),
-        ('iterative', dict(nonnegative=True, pad_to=8, thin_steps=2))]
-    # A plan forcing 20 TF32 steps changes nothing for a direct call: the same float32
-    # steps around the TF32 ones (the same operations, so the same bits) as outside it.
-    A, Z = hard_problem('near_identity', 64, 0)[:2]
-    plain = newton_pinv_apply(A, Z, method='tf32')
-    with attention_plan(tf32_float32_steps=(0, 0), thin_steps=0):
-        forced = newton_pinv_apply(A, Z, method='tf32')
-    assert torch.equal(forced, plain)
-    assert not torch.equal(plain, newton_pinv_apply(A, Z, method='tf32',
-                                                    tf32_float32_steps=(0, 0)))
-    assert newton.TF32_FLOAT32_STEPS == AttentionPlan().tf32_float32_steps
+    soft_attention(q, lm, v, pinv_method='tf32')  # the registered one, off a plan
+    assert calls == [('tf32', 16, 20, ((2, 3), 8, 2)), ('iterative', 16, 20, ()),
+                     ('tf32', 16, 20, ((1, 8), 1, 0))]
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -230,13 +227,22 @@ def test_each_device_lists_its_variants_in_order():
     """The order each device's plan tries, by landmark count, ending with the reference
     ('iterative', which runs on every input; the variant 'auto' takes for a float32
     kernel in eager code: test_auto_reads_the_plan)."""
-    assert [PLANS['cpu'].variants_for(m) for m in (128, 129, 449)] == [
-        ('iterative', 'spectral', 'tridiagonal'), ('spectral', 'tridiagonal', 'iterative'),
-        ('tridiagonal', 'spectral', 'iterative')]
-    assert [PLANS['cuda'].variants_for(m) for m in (196, 197)] == [
-        ('iterative', 'tf32'), ('tf32', 'iterative')]
-    assert DEFAULT_PLAN.variants_for(10**4) == ('iterative', )
-    assert all(plan.pinv[-1] == (None, 'iterative') for plan in (*PLANS.values(), DEFAULT_PLAN))
+    cpu, cuda = PLANS['cpu'], PLANS['cuda']
+    assert cpu.pinv == ((449, VARIANTS['tridiagonal']), (129, VARIANTS['spectral']),
+                        (1, VARIANTS['iterative']))
+    assert [v.name for _, v in cuda.pinv] == ['tf32', 'iterative'] and cuda.pinv[0][0] == 197
+    assert DEFAULT_PLAN.pinv == ((1, VARIANTS['iterative']), )
+
+    def auto(plan, m, **flags):
+        return select_variant('auto', plan, _inputs(m=m, **flags)).name
+
+    assert [auto(cpu, m) for m in (128, 129, 448, 449)] == [
+        'iterative', 'spectral', 'spectral', 'tridiagonal']
+    assert [auto(cpu, m, grad=True) for m in (128, 448, 449)] == [
+        'iterative', 'spectral', 'spectral']
+    assert [auto(cuda, m) for m in (196, 197)] == ['iterative', 'tf32']
+    assert all(plan.pinv[-1] == (1, VARIANTS['iterative'])
+               for plan in (*PLANS.values(), DEFAULT_PLAN))
     for inputs in (_inputs('meta', torch.float64, 10**4, True, compiling=True, tracing=True),
                    _inputs('cuda', capturing=True), _inputs('mps')):
         assert VARIANTS['iterative'].not_supported_reasons(inputs) == []
@@ -285,18 +291,17 @@ def test_a_forced_variant_that_cannot_run_names_its_reasons():
         soft_attention(q, lm, q, pinv_method='tf32x3')
 
 
-class _SmallOnly(InverseVariant):
-    """A test variant: inference on the CPU up to 32 landmarks, recording its calls."""
+class _SmallOnly(Variant):
+    """A test variant: inference on the CPU, recording its calls."""
     name = 'test-small'
     devices = ('cpu', )
-    max_m = 32
     gradients = False
     requires = ('a_module_that_is_not_installed_here', )
     calls = []
 
-    def apply(self, A, Z, iters, plan):
+    def apply(self, A, Z, iters):
         self.calls.append(A.shape[-1])
-        return VARIANTS['iterative'].apply(A, Z, iters, plan)
+        return VARIANTS['iterative'].apply(A, Z, iters)
 
 
 @pytest.fixture
@@ -315,54 +320,21 @@ def test_a_registered_variant_joins_the_dispatch(small_variant):
     assert 'test-small' in attention.pinv_methods()
     assert SoftKernelAttention(8, 1, 2, 3, pinv_method='test-small').pinv_method == 'test-small'
     reasons = small_variant.not_supported_reasons(_inputs('cuda', m=40, grad=True))
-    assert reasons == ['runs on cpu, not cuda', 'takes 1 to 32 landmarks, not 40',
-                       'computes no gradients',
+    assert reasons == ['runs on cpu, not cuda', 'computes no gradients',
                        'needs a_module_that_is_not_installed_here, which is not installed']
     with pytest.raises(ValueError, match='exists already'):
         register_variant(_SmallOnly())
-    with pytest.raises(TypeError, match='named InverseVariant'):
+    with pytest.raises(TypeError, match='named Variant'):
         register_variant(object())
     small_variant.requires = ()  # on the instance: as if installed
     q, v = torch.randn(1, 1, 64, 8) * 0.3, torch.randn(1, 1, 64, 8)
-    plan = AttentionPlan(pinv=((None, 'test-small'), (None, 'iterative')))
-    with attention_plan(plan, device='cpu'), torch.no_grad():
-        for m in (16, 40):
-            soft_attention(q, torch.randn(1, 1, m, 8) * 0.3, v)
-    assert small_variant.calls == [16]  # 40 landmarks: the next in the list
-
-
-def test_kernel_products_are_dispatched_too():
-    """P's chunks go to the first of the plan's ``kernel_products`` that can run; the
-    library's 'chunks' run everywhere."""
-    from mmsoft.models.attention import KERNEL_PRODUCTS, KernelProducts
-    from mmsoft.models.attention import register_kernel_products
-
-    class Float64Only(KernelProducts):
-        name = 'test-float64'
-        dtypes = (torch.float64, )
-        seen = []
-
-        def form(self, fq, fl):
-            self.seen.append(fq.dtype)
-            return KERNEL_PRODUCTS['chunks'].form(fq, fl)
-
-        def form_with_grad(self, fq, fl, left, right, keep_p):
-            self.seen.append(fq.dtype)
-            return KERNEL_PRODUCTS['chunks'].form_with_grad(fq, fl, left, right, keep_p)
-
-    products = register_kernel_products(Float64Only())
-    try:
-        with attention_plan(kernel_products=('test-float64', 'chunks')):
-            for dtype in (torch.float32, torch.float64):
-                q = (torch.randn(1, 1, 30, 8, dtype=dtype) * 0.3).requires_grad_()
-                soft_attention(q, q[..., :6, :].detach(), q.detach()).sum().backward()
-        assert set(products.seen) == {torch.float64}
-        with attention_plan(kernel_products='test-float64'), pytest.raises(
-                VariantNotSupported, match="kernel_products.*'test-float64': takes float64"):
-            soft_attention(torch.randn(1, 1, 30, 8), torch.randn(1, 1, 6, 8),
-                           torch.randn(1, 1, 30, 8))
-    finally:
-        del KERNEL_PRODUCTS['test-float64']
+    plan = AttentionPlan(pinv=((33, 'iterative'), (1, 'test-small'), (1, 'iterative')))
+    with attention_plan(plan, device='cpu'):
+        with torch.no_grad():
+            for m in (16, 40):
+                soft_attention(q, torch.randn(1, 1, m, 8) * 0.3, v)
+        soft_attention(q.requires_grad_(), torch.randn(1, 1, 16, 8) * 0.3, v)  # no grads
+    assert small_variant.calls == [16]  # 40 landmarks: 'iterative' first
 
 
 @needs_one_graph_dynamo
@@ -386,3 +358,41 @@ def test_a_compiled_layer_traces_one_graph_per_plan():
             compiled(q, v, (8, 8))
         compiled(q, v, (8, 8))
     assert len(graphs) == 2 and graphs[0] != graphs[1]
+
+
+def test_a_layer_reaches_the_iterate_through_few_functions():
+    """What a reader follows from a SOFT layer's forward to the Newton iterate (CUDA's
+    plan on the meta device, inference, m = 1050 as SOFT-S's stage 1 at 800×1344): each
+    decision made once, the functions of mmsoft called on the way (comprehensions aside)
+    at most 20, in at most 5 files."""
+    import os
+    import sys
+
+    import mmsoft
+    from mmsoft.models.backbones.soft import SoftKernelAttention
+    root = os.path.dirname(mmsoft.__file__) + os.sep
+    seen, reached = [], []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if reached or event != 'call' or not code.co_filename.startswith(root):
+            return
+        name = getattr(code, 'co_qualname', code.co_name)  # Python >= 3.11: qualified
+        if '<' not in name and (code.co_filename, name) not in seen:
+            seen.append((code.co_filename, name))
+        if code.co_name == '_newton_steps':
+            reached.append(name)
+
+    layer = SoftKernelAttention(32, 2, 8, 9).to('meta')
+    q = torch.empty(1, 2, 200 * 336, 32, device='meta')
+    with attention_plan(PLANS['cuda'], device='meta'), torch.no_grad():
+        sys.setprofile(profile)
+        try:
+            layer(q, q, (200, 336))
+        finally:
+            sys.setprofile(None)
+    assert reached, 'the iterate did not run'
+    files = {f for f, _ in seen}
+    assert len(seen) <= 20 and len(files) <= 5, [n for _, n in seen]
+    names = [n.split('.')[-1] for _, n in seen]
+    assert names.count('select_variant') == names.count('plan_for') == 1

@@ -29,27 +29,33 @@ import torch
 
 import mmsoft
 from mmsoft.models import SOFT
-from mmsoft.models.attention import PLANS, resolve_pinv_method
+from mmsoft.models.attention import PLANS, TF32, Inputs, select_variant
 from mmsoft.testing import (FIDELITY_IMAGES, GRADIENT_TOL, GradientReference,
-                            fidelity_image, gradient_deviations, output_bounds,
-                            output_deviations, reference_gradients, reference_outputs)
+                            fidelity_image, gradient_deviations, official_order,
+                            output_bounds, output_deviations, reference_gradients,
+                            reference_outputs)
 
 SIZE = (384, 640)
 M = (SIZE[0] // 32) * (SIZE[1] // 32)  # landmarks per head in stages 1-3
 # Each device type's plan, and CUDA's list with its float32 iterate alone (the variant
 # its plan takes up to 196 landmarks, and for float64 kernels), all run here on the CPU.
-# CUDA's plan applies its last float32 steps to the thin matrix (``thin_steps``): its
+# CUDA's 'tf32' applies its last float32 steps to the thin matrix (``thin_steps``): its
 # maps are that path; at this size (m = 240, below a launch's worth of flops per
 # product) its training step forms them, as at 512×512 (larger kernels run them thin in
 # training too: the sweep below forces them; tests/models/attention/test_attention.py).
 PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda'],
-         'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative', pinv_pad=1,
-                                          thin_steps=0)}
+         'cuda, float32 iterate': replace(PLANS['cuda'], pinv='iterative')}
 # and for the maps the CPU's list on larger kernels, forced here: 'tridiagonal', the
 # filter through the kernels' tridiagonal form where SciPy is installed (this size's
 # kernels take eigenvectors, as they do with gradients and without SciPy at every size)
 MAP_PATHS = dict(PATHS, **{'cpu, tridiagonal form': replace(
-    PLANS['cpu'], pinv=((None, 'tridiagonal'), (None, 'spectral'), (None, 'iterative')))})
+    PLANS['cpu'], pinv=((1, 'tridiagonal'), (1, 'spectral'), (1, 'iterative')))})
+
+
+def resolve(m, device_type, grad=False):
+    """The variant 'auto' takes for m landmarks under a device's plan."""
+    inputs = Inputs(device=device_type, dtype=torch.float32, m=m, grad=grad)
+    return select_variant('auto', PLANS[device_type], inputs).name
 
 
 def _digest(*parts):
@@ -111,7 +117,7 @@ def references(model, float64_reference):
     for name in FIDELITY_IMAGES:
         x = fidelity_image(name, SIZE)
         refs = float64_reference('outputs', model, x, lambda: reference_outputs(model, x))
-        out[name] = x, refs, output_bounds(model, x, refs, device_type='cpu')
+        out[name] = x, refs, output_bounds(model, x, refs)
     return out
 
 
@@ -130,8 +136,7 @@ def test_output_maps_keep_the_floor(model, references, path):
     """Each map within 1e-5 of float64, or within twice the float32 official order's
     deviation where float32 itself misses 1e-5 (``output_bounds``)."""
     # the size takes each plan's path for large kernels
-    assert (resolve_pinv_method('auto', M, 'cpu'), resolve_pinv_method('auto', M, 'cuda')) \
-        == ('spectral', 'tf32')
+    assert (resolve(M, 'cpu'), resolve(M, 'cuda')) == ('spectral', 'tf32')
     for name, (x, refs, bounds) in references.items():
         devs = output_deviations(model, x, refs, MAP_PATHS[path], device_type='cpu')
         assert all(d <= b for d, b in zip(devs, bounds)), (path, name, devs, bounds)
@@ -182,8 +187,8 @@ def gradient_references(soft_models, float64_reference):
             model, x = soft_models[seed], fidelity_image(image, size, crop)
             ref = float64_reference('gradients', model, x,
                                     lambda: reference_gradients(model, x))
-            official = gradient_deviations(model, x, ref, replace(PLANS['cpu'],
-                                                                  order='official'), 'cpu')
+            with official_order():
+                official = gradient_deviations(model, x, ref)
             cache[case] = model, x, ref, max(GRADIENT_TOL, 2 * max(official.deviations.values()))
         return cache[case]
     return get
@@ -203,8 +208,8 @@ def test_training_gradients_keep_the_floor(gradient_references, case, monkeypatc
     model, x, ref, bound = gradient_references(case)
     m = (x.shape[-2] // 32) * (x.shape[-1] // 32)
     assert m in (64, 160, 208)
-    assert resolve_pinv_method('auto', m, 'cpu') == ('iterative' if m <= 128 else 'spectral')
-    assert resolve_pinv_method('auto', m, 'cuda') == ('iterative' if m <= 196 else 'tf32')
+    assert resolve(m, 'cpu', grad=True) == ('iterative' if m <= 128 else 'spectral')
+    assert resolve(m, 'cuda', grad=True) == ('iterative' if m <= 196 else 'tf32')
     results = {name: gradient_deviations(model, x, ref, plan, 'cpu')
                for name, plan in PLAN_PATHS.items()}
     # beyond the landmarks for which CUDA's plan takes its float32 iterate: worst parameter
@@ -234,7 +239,7 @@ def test_the_gradient_floor_tells_missing_float32_steps_apart(gradient_reference
     """The sweep can fail: 'tf32' without its last float32 steps (TF32 emulated) is ~1e-3
     from float64 on the rocket's sky at 256×256, where both plans are within ~5e-6."""
     model, x, ref, bound = gradient_references('rocket-sky-256x256-seed0')
-    plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(1, 0), thin_steps=0)
+    plan = replace(PLANS['cuda'], pinv=TF32(float32_steps=(1, 0)))
     worst, dev = _worst(gradient_deviations(model, x, ref, plan, 'cpu'))
     assert dev > bound, (worst, dev, bound)
 
@@ -242,7 +247,7 @@ def test_the_gradient_floor_tells_missing_float32_steps_apart(gradient_reference
 def test_the_floor_tells_tf32_without_float32_steps_apart(model, references):
     """The output test can fail: 'tf32' with all 20 steps in TF32 (no float32 steps)
     misses the floor on the text page (1.1e-4, emulated by rounding to nearest)."""
-    plan = replace(PLANS['cuda'], pinv='tf32', tf32_float32_steps=(0, 0), thin_steps=0)
+    plan = replace(PLANS['cuda'], pinv=TF32(float32_steps=(0, 0)))
     x, refs, bounds = references['page']
     devs = output_deviations(model, x, refs, plan, device_type='cpu')
     assert any(d > b for d, b in zip(devs, bounds)), (devs, bounds)

@@ -11,7 +11,7 @@ from mmsoft import checkpoint
 from mmsoft.models import SOFT
 from mmsoft.models.attention import attention_plan
 from mmsoft.models.backbones.soft import HeadSharedConv
-from mmsoft.models.utils import guard_gelu_grad
+from mmsoft.models.backbones.soft import guard_gelu_grad
 
 CKPT = data_path('soft_public_checkpoint.pth')
 
@@ -59,10 +59,11 @@ def test_parity_in_both_local_conv_layouts(expected, layout, force_plan):
     assert max_parity_error(expected) <= PARITY_TOL
 
 
-def test_parity_in_the_official_order(expected, force_plan):
-    """The official computation order (the plan's reference) on the fixture."""
-    force_plan(order='official')
-    assert max_parity_error(expected) <= PARITY_TOL
+def test_parity_in_the_official_order(expected):
+    """The official computation order (the reference, ``official_order``) on the fixture."""
+    from mmsoft.testing import official_order
+    with official_order():
+        assert max_parity_error(expected) <= PARITY_TOL
 
 
 def test_local_conv_layouts_compute_the_official_conv():
