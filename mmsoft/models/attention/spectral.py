@@ -3,10 +3,11 @@ eigendecomposition of the symmetric kernel A.
 
 Every iterate is a polynomial in A, so on an eigenpair (λ, u) the T-step iterate acts as
 the filter v_T(λ) (``_spectral_filter``), and Y·Z = U·diag(v_T(Λ))·Uᵀ·Z is applied to the
-thin Z without forming Y. A float64 kernel is decomposed in float64; a float32 one in
-float32 where a first-order error bound allows it, its Perron eigenpair split off in
-float64 first, and in float64 elsewhere (``_mixed_spectral_factors``); ``spectral_apply``
-is the variant 'spectral', with the gradients of paper Eq. 16 (NeurIPS 2021).
+thin Z without forming Y. A float64 kernel is decomposed in float64; a float32 one, in
+inference, in float32 where a first-order error bound allows it, its Perron eigenpair
+split off in float64 first, and in float64 elsewhere (``_mixed_spectral_factors``); in a
+training step in float64 (``spectral_factors``). ``spectral_apply`` is the variant
+'spectral', with the gradients of paper Eq. 16 (NeurIPS 2021).
 
 Without gradients the same filter can be applied through A's tridiagonal form instead
 of its eigenvectors (``tridiagonal_apply``, the variant 'tridiagonal': about half an
@@ -197,12 +198,25 @@ def apply_factors(U, v, Z):
     return W.to(Z.dtype)
 
 
-def spectral_factors(A, iters, nonnegative=False):
-    """(U, v) with Y = U·diag(v)·Uᵀ the T-step iterate of a symmetric A (..., m, m): a
-    float32 A through ``_mixed_spectral_factors``, a float64 one in float64."""
-    if A.dtype == torch.float32:
+def spectral_factors(A, iters, nonnegative=False, training=False):
+    """(U, v) in A's dtype with Y = U·diag(v)·Uᵀ the T-step iterate of a symmetric A
+    (..., m, m): a float32 A in inference through ``_mixed_spectral_factors``; in a
+    training step, and a float64 A, decomposed in float64.
+
+    Why float64 in training: the float32 decomposition moves Y by about its first-order
+    estimate (``_mixed_spectral_factors``: u·√m·max|λ|·max|v'| / max|v|, ≈ 1.4e-4·√m·λ₂/μ
+    on a Gaussian kernel, 2e-4–3e-4 on SOFT-S's), which a forward dilutes into the maps
+    (within 1e-5 of float64 there) but a training step passes undiluted into parameter
+    gradients: ∇A = -Yᵀ·∇Y·Yᵀ reaches the landmarks' and queries' weights, whose floor is
+    1e-4. Admitted only where the estimate stays below that floor with the estimate's
+    measured factor (2.3) and a margin of 2, 2e-5, a float32 decomposition would pass
+    almost no kernel of SOFT's (only near-rank-1 ones) and cost a wasted float32 eigh
+    each (88 ms at m = 1050 on a 2-core CPU, float64's 159 ms): every kernel takes
+    float64. docs/en/notes/numerics.md has the hard kernels and the photos."""
+    if A.dtype == torch.float32 and not training:
         return _mixed_spectral_factors(A, iters, nonnegative)
-    return _spectral_factors(A, newton_alpha(A, nonnegative=nonnegative), iters)
+    U, v = _spectral_factors(A, newton_alpha(A.double(), nonnegative=nonnegative), iters)
+    return U.to(A.dtype), v.to(A.dtype)
 
 
 class _SpectralApply(torch.autograd.Function):
@@ -210,8 +224,8 @@ class _SpectralApply(torch.autograd.Function):
     Eq. 16 (Y an exact, symmetric inverse): ∇Z = Y·∇W, ∇A = -∇Z·Wᵀ."""
 
     @staticmethod
-    def forward(ctx, A, Z, iters, nonnegative):
-        U, v = spectral_factors(A, iters, nonnegative)
+    def forward(ctx, A, Z, iters, nonnegative, training):
+        U, v = spectral_factors(A, iters, nonnegative, training)
         W = apply_factors(U, v, Z)
         ctx.save_for_backward(W, U, v)
         return W
@@ -220,13 +234,16 @@ class _SpectralApply(torch.autograd.Function):
     def backward(ctx, grad_W):
         W, U, v = ctx.saved_tensors
         grad_Z = apply_factors(U, v, grad_W)
-        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None
+        return -grad_Z @ W.transpose(-1, -2), grad_Z, None, None, None
 
 
 def spectral_apply(A, Z, iters=20, nonnegative=False):
     """Y·Z for the T-step iterate Y of a symmetric A (..., m, m) and Z (..., m, n) in A's
-    dtype, through one eigendecomposition (module docstring): the variant 'spectral'."""
-    return _SpectralApply.apply(A, Z, iters, nonnegative)
+    dtype, through one eigendecomposition (module docstring): the variant 'spectral'.
+    Where gradients are needed, a float32 A is decomposed in float64
+    (``spectral_factors``)."""
+    training = torch.is_grad_enabled() and (A.requires_grad or Z.requires_grad)
+    return _SpectralApply.apply(A, Z, iters, nonnegative, training)
 
 
 @functools.lru_cache(maxsize=None)
