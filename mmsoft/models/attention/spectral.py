@@ -129,17 +129,16 @@ def _mixed_spectral_factors(A, iters, nonnegative=False):
     A float32 eigh is exact for a matrix within δ ≈ u·√m·||A|| of A (u = 2^-24, float32's
     unit roundoff); to first order that moves the filter by δ times its divided
     differences, at most δ·max|v_T'| (Daleckii–Krein), so the relative error of Y is
-    about est = u·√m·max|λ|·max|v_T'(λ)| / max|v_T| over the computed eigenvalues. Measured
-    against the float64 iterate, the deviation of Y·Z stayed below 2.3× est (the hard
-    kernels of ``mmsoft.testing`` at m = 64-400, SOFT-S's 1050×1050 kernels at 800×1344
-    on photos, a silhouette, a text page and a near-blank wall; docs/en/notes/numerics.md),
-    and SOFT-S's kernels have est ≈ 2.2e-4-2.7e-4. A matrix whose est exceeds
-    ``MIXED_ESTIMATE_LIMIT`` (2.5 × 4e-4 = the 1e-3 hard-kernel bound) is decomposed in
-    float64 instead.
+    about est = u·√m·max|λ|·max|v_T'(λ)| / max|v_T| over the computed eigenvalues. The
+    deviation of Y·Z from the float64 iterate was measured to stay within a small
+    multiple of est on the hard kernels and SOFT-S's (docs/en/notes/numerics.md has the
+    factor and SOFT-S's estimates), so a matrix whose est exceeds
+    ``MIXED_ESTIMATE_LIMIT`` (the 1e-3 hard-kernel bound over that factor, with margin)
+    is decomposed in float64 instead.
 
     ||A|| is mostly the Perron eigenvalue μ of a Gaussian kernel (λ₁/λ₂ ≈ 10 on SOFT's
-    kernels; far more on near-duplicate landmarks, where float32 eigh alone deviates
-    up to 5e-3). So μ and its vector x come first, in float64 (``_perron_pair``); where
+    kernels; far more on near-duplicate landmarks, where float32 eigh alone misses the
+    hard-kernel bound). So μ and its vector x come first, in float64 (``_perron_pair``); where
     they have converged (residual ≤ u·μ/16) the float32 decomposition is of
     A - μ·x·xᵀ (formed in float64, then rounded), whose norm is λ₂, and x joins U with
     v_T(μ). A and A - μ·x·xᵀ have the same eigenvectors, and x's eigenvalue 0 there has
@@ -147,7 +146,7 @@ def _mixed_spectral_factors(A, iters, nonnegative=False):
 
     One kernel at a time (``_mixed_factors_into``): its float64 copy (8.8 MB at m = 1050)
     and the power steps stay in cache, no float64 copy of the whole batch is held, and
-    eigh writes the eigenvectors straight into the result (docs/en/notes/numerics.md).
+    eigh writes the eigenvectors straight into the result.
 
     Returns:
         (Tensor, Tensor): U (..., m, m + 1) (a transposed view: column-major, as eigh
@@ -169,7 +168,7 @@ def _mixed_factors_into(a, Ut, lam, v, iters, nonnegative):
     (m + 1, m) (Uᵀ: the eigenvectors, then the Perron vector or zeros), v (m + 1)
     (float64) and lam (m) (float32 scratch for eigh's eigenvalues). α comes from the
     kernel's float64 copy, while it is in cache (``newton_alpha`` decides in float64
-    anyway: from the whole batch that cost the CPU's forward at 800×1344 0.35 s)."""
+    anyway, and a float64 copy of the whole batch costs more)."""
     u = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff, 2^-24
     m = a.shape[-1]
     a64, alpha, mu, x, split = _perron_split(a, nonnegative)
@@ -205,14 +204,13 @@ def spectral_factors(A, iters, nonnegative=False, training=False):
 
     Why float64 in training: the float32 decomposition moves Y by about its first-order
     estimate (``_mixed_spectral_factors``: u·√m·max|λ|·max|v'| / max|v|, ≈ 1.4e-4·√m·λ₂/μ
-    on a Gaussian kernel, 2e-4–3e-4 on SOFT-S's), which a forward dilutes into the maps
-    (within 1e-5 of float64 there) but a training step passes undiluted into parameter
-    gradients: ∇A = -Yᵀ·∇Y·Yᵀ reaches the landmarks' and queries' weights, whose floor is
-    1e-4. Admitted only where the estimate stays below that floor with the estimate's
-    measured factor (2.3) and a margin of 2, 2e-5, a float32 decomposition would pass
-    almost no kernel of SOFT's (only near-rank-1 ones) and cost a wasted float32 eigh
-    each (88 ms at m = 1050 on a 2-core CPU, float64's 159 ms): every kernel takes
-    float64. docs/en/notes/numerics.md has the hard kernels and the photos."""
+    on a Gaussian kernel), which a forward dilutes into the maps but a training step
+    passes undiluted into parameter gradients: ∇A = -Yᵀ·∇Y·Yᵀ reaches the landmarks' and
+    queries' weights, whose floor is 1e-4. Admitted only where the estimate stays below
+    that floor over the estimate's measured factor, with margin, a float32 decomposition
+    would pass almost no kernel of SOFT's (near-rank-1 ones only) and cost each a float32
+    eigh spent for nothing: every kernel takes float64. The hard kernels, the photos and
+    the cost: docs/en/notes/numerics.md, per_device_plans.md."""
     if A.dtype == torch.float32 and not training:
         return _mixed_spectral_factors(A, iters, nonnegative)
     U, v = _spectral_factors(A, newton_alpha(A.double(), nonnegative=nonnegative), iters)
@@ -289,8 +287,8 @@ def tridiagonal_apply(A, Z, iters, nonnegative):
     above, T's largest diagonal entry below) exceeds ``MIXED_ESTIMATE_LIMIT``, or with
     αλ² possibly above 1, goes through ``_mixed_spectral_factors`` instead. The float32
     decomposition's error then enters only through T and the reflectors, not through
-    eigenvectors: on SOFT-S's kernels at 800×1344 it deviated 3e-6-4e-5 from the
-    float64 iterate where 'mixed' eigh deviated 8e-6-2.2e-4 (docs/en/notes/numerics.md).
+    eigenvectors, and stays below 'mixed' eigh's on SOFT's kernels
+    (docs/en/notes/numerics.md).
     """
     if iters < TRIDIAGONAL_MIN_ITERS:
         return apply_factors(*_mixed_spectral_factors(A, iters, nonnegative), Z)
@@ -314,9 +312,8 @@ def _one_blas_thread():
     spin for a while after each call. On a 2-core machine the workers that ``ssytrd``
     left spinning took a core from the torch operators between the calls (the Perron
     split and ``ormqr`` ran 1.4-2× slower), and the torch threads still spinning slowed
-    ``ssytrd``; on the calling thread it starts no worker. SOFT-S's 84 kernels at
-    800×1344 then took 5.4-7.4 s of a forward instead of 6.8-8.4 s
-    (docs/en/notes/per_device_plans.md). Other BLAS libraries (MKL, which torch may
+    ``ssytrd``; on the calling thread it starts no worker, and SOFT-S's forward takes
+    less (docs/en/notes/per_device_plans.md). Other BLAS libraries (MKL, which torch may
     use) are left as they are."""
     controller = _openblas_controller()
     return nullcontext() if controller is None else controller.limit(limits=1)
@@ -325,7 +322,7 @@ def _one_blas_thread():
 @functools.lru_cache(maxsize=None)
 def _openblas_controller():
     """threadpoolctl's controller of the OpenBLAS libraries loaded once SciPy's LAPACK
-    is (made once: finding them takes ~1.5 ms), or None without threadpoolctl."""
+    is (made once), or None without threadpoolctl."""
     import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, for threadpoolctl to find)
     try:
         from threadpoolctl import ThreadpoolController
