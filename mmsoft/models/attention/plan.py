@@ -40,6 +40,7 @@ __all__ = [
     'attention_plan', 'pinv_methods', 'plan_for', 'register_variant', 'select_variant'
 ]
 
+
 class VariantNotSupported(ValueError):
     """No variant asked for can run on a call's inputs; the message names every reason."""
 
