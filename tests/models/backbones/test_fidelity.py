@@ -161,9 +161,11 @@ GRADIENT_CASES = {
     'chelsea-416x512-seed1': ('chelsea', (416, 624), (0, 56, 416, 512), 1),
     'blank-416x512-seed0': ('blank', (416, 512), None, 0),
     # flat regions at 196 landmarks, where the CPU's 'spectral' runs in a training step
+    # (the largest cases: ``slow``, run by the whole suite)
     'rocket-sky-448x448-seed1': ('rocket', (512, 512), (32, 32, 448, 448), 1),
     'blank-448x448-seed3': ('blank', (448, 448), None, 3),
 }
+SLOW_CASES = ('rocket-sky-448x448-seed1', 'blank-448x448-seed3')
 PLAN_PATHS = {'cpu': PLANS['cpu'], 'cuda': PLANS['cuda']}
 THIN_FROM = 200  # landmarks from which the sweep also forces CUDA's thin training steps
 
@@ -202,7 +204,9 @@ def _worst(result):
     return worst, result.deviations[worst]
 
 
-@pytest.mark.parametrize('case', GRADIENT_CASES)
+@pytest.mark.parametrize('case', [
+    pytest.param(case, marks=pytest.mark.slow) if case in SLOW_CASES else case
+    for case in GRADIENT_CASES])
 def test_training_gradients_keep_the_floor(gradient_references, case, monkeypatch):
     """Both plans' training step: every parameter's gradient within 1e-4 (norm-relative),
     or twice the float32 official order's deviation, of the float64 official order along
