@@ -1,10 +1,8 @@
 import importlib.util
-import json
 import os
 import os.path as osp
 import re
 import subprocess
-import sys
 from contextlib import ExitStack, contextmanager
 
 import pytest
@@ -47,13 +45,6 @@ def run(cmd, cwd, env=None):
         raise AssertionError(f'{" ".join(map(str, cmd))} failed:\n{res.stdout[-4000:]}\n'
                              f'{res.stderr[-4000:]}')
     return res.stdout + res.stderr
-
-
-def run_interpreted(script):
-    """The JSON object a checks script prints last, run in Triton's interpreter: in a
-    process of its own, since Triton decides when it is imported (TRITON_INTERPRET=1)."""
-    out = run([sys.executable, script], cwd=ROOT, env=dict(TRITON_INTERPRET='1'))
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def load_tool(path):

@@ -21,7 +21,6 @@ reference order of the official code.
 """
 import math
 from functools import partial
-from typing import NamedTuple
 
 import torch
 
