@@ -54,8 +54,7 @@ def _formed(A, float32_steps, pad_to=1):
     m = A.shape[-1]
     A3, = newton._flat_padded(A, pad_to)
     V = newton.newton_alpha(A, nonnegative=True).reshape(-1, 1, 1) * A3
-    for count, precision in tf32_schedule(ITERS, float32_steps):
-        V = newton._newton_steps(A3, V, count, precision)
+    V = newton._newton_steps(A3, V, tf32_schedule(ITERS, float32_steps))
     return V[:, :m, :m].reshape(A.shape)
 
 

@@ -45,8 +45,8 @@ ALL_CONFIGS_TIME = ('--all-configs (27 configs) at 800×1280 takes about an hour
 
 
 def soft_attention_macs(B, h, N, m, d, iters):
-    """Analytic MACs of one SOFT kernel-attention core (SOFT, IJCV 2024: Eq. 5, Alg. 2, Eq. 25), batch B,
-    h heads."""
+    """Analytic MACs of one SOFT kernel-attention core (SOFT, IJCV 2024: Eq. 5, Alg. 2,
+    Eq. 25), batch B, h heads."""
     per_head = (
         N * m * d  # P = κ(Q, Q̃): the Q·Q̃ᵀ product (norms and exp are O(N·m))
         + m * m * d  # A = κ(Q̃, Q̃)

@@ -19,7 +19,7 @@ which one runs where is the dispatch's (``plan.py``). Shapes: ... leading batch
 dimensions, m landmarks.
 """
 import importlib.util
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -112,9 +112,9 @@ def newton_alpha(A, max_halvings=10, nonnegative=False):
             is). Column j of I - α·A² then has the diagonal entry 1 - α·a_j with a_j =
             Σ_k A_jk² and off-diagonal entries of total size α·(s_j - a_j) with s_j =
             (A·(A·1))_j: O(m²) per α instead of forming A·A, every candidate at once,
-            decided in float64 (a kernel can sit within float32
-            rounding of the bound, where float32 sums in another order would take one
-            halving more or fewer, and α would differ by 2).
+            decided in float64 (a kernel can sit within float32 rounding of the bound,
+            where float32 sums in another order would take one halving more or fewer,
+            and α would differ by 2).
     Returns:
         Tensor: (..., 1, 1), one α per matrix (the official code takes one for the whole
         batch, which makes an image's output depend on the others in its batch).
@@ -187,23 +187,24 @@ def cuda_tf32_matmuls():
             mm.allow_tf32 = old
 
 
-def _newton_steps(A, V, steps, precision='float32'):
-    """``steps`` steps V ← 2V - V·(A·V) on A, V (b, m, m) with products in ``precision``:
-    'float32' (A's dtype) or 'tf32' (tensor cores on CUDA and, for operator counts, on
-    the meta device; elsewhere emulated by ``round_tf32``). One baddbmm a step."""
-    if steps <= 0:
-        return V
-    if precision == 'float32' or A.dtype != torch.float32:
-        for _ in range(steps):
-            V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
-        return V
-    if A.device.type in ('cuda', 'meta'):
-        with cuda_tf32_matmuls():
-            return _newton_steps(A, V, steps)
-    A = round_tf32(A)
-    for _ in range(steps):
-        Vt = round_tf32(V)
-        V = torch.baddbmm(V, Vt, round_tf32(A @ Vt), beta=2, alpha=-1)
+def _newton_steps(A, V, schedule):
+    """The Newton steps V ← 2V - V·(A·V) of ``schedule``, ((count, precision), ...), on A,
+    V (b, m, m), one baddbmm a step, the products in ``precision``: 'float32' (A's dtype)
+    or 'tf32' (tensor cores on CUDA and, for operator counts, on the meta device;
+    elsewhere emulated by ``round_tf32``; a float64 A runs float64 steps)."""
+    for count, precision in schedule:
+        if count <= 0:
+            continue
+        tf32 = precision == 'tf32' and A.dtype == torch.float32
+        if tf32 and A.device.type not in ('cuda', 'meta'):  # emulated
+            At = round_tf32(A)
+            for _ in range(count):
+                Vt = round_tf32(V)
+                V = torch.baddbmm(V, Vt, round_tf32(At @ Vt), beta=2, alpha=-1)
+            continue
+        with cuda_tf32_matmuls() if tf32 else nullcontext():
+            for _ in range(count):
+                V = torch.baddbmm(V, V, A @ V, beta=2, alpha=-1)
     return V
 
 
@@ -224,7 +225,7 @@ def newton_iterate(A, iters=20, nonnegative=False):
     float32 (or float64) steps from V₀ = αA. No autograd (``newton_pinv`` has Eq. 16)."""
     A3 = A.reshape(-1, *A.shape[-2:])
     V = newton_alpha(A, nonnegative=nonnegative).reshape(-1, 1, 1) * A3
-    return _newton_steps(A3, V, iters).reshape(A.shape)
+    return _newton_steps(A3, V, ((iters, 'float32'), )).reshape(A.shape)
 
 
 def _check_iters(iters):
@@ -349,9 +350,7 @@ class TF32(Variant):
             m = a.shape[-1]
             A3, = _flat_padded(a, pad_to)
             V = newton_alpha(a, nonnegative=True).reshape(-1, 1, 1) * A3
-            for count, precision in schedule:
-                V = _newton_steps(A3, V, count, precision)
-            return V[:, :m, :m].reshape(a.shape)
+            return _newton_steps(A3, V, schedule)[:, :m, :m].reshape(a.shape)
 
         return _FormedApply.apply(A, Z, form)
 
@@ -446,8 +445,8 @@ class _NewtonPinvThin(torch.autograd.Function):
         A3, Z3 = _flat_padded(A, pad_to, Z)
         V = alpha.reshape(-1, 1, 1) * A3
         (first, _), (middle, _), (last, _) = schedule  # the last ``steps`` applied thin
-        for count, precision in ((first, 'float32'), (middle, 'tf32'), (last - steps, 'float32')):
-            V = _newton_steps(A3, V, count, precision)
+        V = _newton_steps(A3, V, ((first, 'float32'), (middle, 'tf32'),
+                                  (last - steps, 'float32')))
         h = _horner_steps(steps, A3.shape[-1], Z3.shape[-1], A3.shape[0]) if horner else 0
         W = _thin_apply(V, A3, steps, V @ Z3, h)[:, :m].reshape(Z.shape)
         ctx.steps, ctx.pad_to, ctx.h = steps, pad_to, h

@@ -357,9 +357,9 @@ def soft_attention(q, landmarks, v, iters=20, normalize=True, pinv_method='auto'
 
     Computed as P·(Â·(Pᵀ·V)): O(N·m·d + m²·d) instead of the O(N·m²) of forming P·Â.
     Â = D^-1/2·A⁺·D^-1/2 is never formed either: D^-1/2 scales the thin m×d matrices and
-    A⁺ is applied to them (the variant ``plan.select_variant`` picks). With gradients, P is computed in
-    chunks and never kept (``kernel_attention``); without, it is computed once, or in
-    chunks twice where the plan says so for its size (``plan.py``).
+    A⁺ is applied to them (the variant ``plan.select_variant`` picks). With gradients, P
+    is computed in chunks and never kept (``kernel_attention``); without, it is computed
+    once, or in chunks twice where the plan says so for its size (``plan.py``).
 
     Args:
         q (Tensor): (..., N, d) queries (= keys), already scaled by d^(-1/4)

@@ -213,7 +213,8 @@ def spectral_factors(A, iters, nonnegative=False, training=False):
     the cost: docs/en/notes/numerics.md, per_device_plans.md."""
     if A.dtype == torch.float32 and not training:
         return _mixed_spectral_factors(A, iters, nonnegative)
-    U, v = _spectral_factors(A, newton_alpha(A.double(), nonnegative=nonnegative), iters)
+    A64 = A.double()  # α and the decomposition from the one float64 copy
+    U, v = _spectral_factors(A64, newton_alpha(A64, nonnegative=nonnegative), iters)
     return U.to(A.dtype), v.to(A.dtype)
 
 

@@ -146,10 +146,10 @@ def test_output_maps_keep_the_floor(model, references, path):
 # silhouette, a text page, a near-blank wall), whole and cropped, three random models, at
 # landmark counts (stages 1-3: (h/32)·(w/32)) that take each path of both plans in a
 # training step: 64 ('iterative' on both), 160 and 196 (the CPU's 'spectral', which
-# decomposes in float64 in training; CUDA's formed float32 iterate), 208 (CUDA's 'tf32' 1 + 4, TF32 emulated, and
-# its last 4 float32 steps thin, which its training step takes from m ≈ 448 up: forced
-# here; and CUDA's list with the float32 iterate alone, beyond the 196 landmarks its plan
-# takes it up to). id: (image, resized to, crop (top, left, h, w) or None, seed).
+# decomposes in float64 in training; CUDA's formed float32 iterate), 208 (CUDA's 'tf32'
+# 1 + 4, TF32 emulated, and its last 4 float32 steps thin, which its training step takes
+# from m ≈ 448 up: forced here; and CUDA's list with the float32 iterate alone, beyond
+# the 196 landmarks its plan takes it up to). id: (image, resized to, crop (top, left, h, w) or None, seed).
 GRADIENT_CASES = {
     'rocket-sky-256x256-seed0': ('rocket', (512, 768), (0, 256, 256, 256), 0),
     'chelsea-256x256-seed1': ('chelsea', (300, 451), (22, 97, 256, 256), 1),
