@@ -44,6 +44,60 @@ def repo_file(relpath, mim=False):
         'of the mmsoft repository (an editable install or mmsoft on PYTHONPATH)')
 
 
+# ------------------------------------------------------------------------ the run
+RECORDED_PACKAGES = ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'onedl-mmengine',
+                     'onedl-mmcv', 'onedl-mmdetection', 'onedl-mmpretrain')
+
+
+def _git(*args):
+    try:
+        res = subprocess.run(['git', '-C', PACKAGE_PARENT, *args], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo on Linux, else ``platform.processor()``)."""
+    import platform
+    try:
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+
+
+def run_record(command, device):
+    """What a stored run measured: the commit of the checkout mmsoft is imported from
+    (with ``+uncommitted`` where mmsoft/ differs from it; 'unknown' outside a git
+    checkout), the date (UTC), the command, the device, the CPU model and thread count,
+    and the versions of Python, torch, CUDA, cuDNN and the OpenMMLab packages installed.
+    The benchmark's ``--json`` stores it as ``run``; benchmark_tables.py names it
+    beside every table drawn from the file."""
+    import platform
+    from datetime import datetime, timezone
+    from importlib import metadata
+    commit = _git('rev-parse', 'HEAD') or 'unknown'
+    if commit != 'unknown' and _git('status', '--porcelain', '--', 'mmsoft'):
+        commit += '+uncommitted'
+    packages = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    cuda = torch.version.cuda if torch.cuda.is_available() else None
+    return dict(
+        commit=commit, date=datetime.now(timezone.utc).strftime('%Y-%m-%d'),
+        command=command, device=device, cpu=cpu_model(), threads=torch.get_num_threads(),
+        python=platform.python_version(), torch=torch.__version__, cuda=cuda,
+        cudnn=torch.backends.cudnn.version() if cuda else None, packages=packages)
+
+
 # ---------------------------------------------------------------------------- imports
 # The modules ``import_modules`` imported, and the directories it put on sys.path for
 # them: a child process (``child_measure``) imports the same

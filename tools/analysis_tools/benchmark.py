@@ -85,12 +85,13 @@ Usage: python tools/analysis_tools/benchmark.py [--device cpu|cuda] [--sections 
 """
 import argparse
 import json
+import shlex
 import sys
 
 import torch
 
 from mmsoft.benchmark import SECTIONS
-from mmsoft.benchmark.common import AMP_DTYPES, import_modules, path_plan
+from mmsoft.benchmark.common import AMP_DTYPES, import_modules, path_plan, run_record
 from mmsoft.models.attention import PLANS
 
 # The lab (projects/soft_lab/): its candidates and the plan's sections, by --import
@@ -222,7 +223,9 @@ def main(argv=None):
     precision = (f'autocast to {AMP_DTYPES[args.amp]} in speed and train'
                  if args.amp else 'float32')
     print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, {precision}')
-    out = dict(device=dev)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    out = dict(device=dev, run=run_record(
+        shlex.join(['python', 'tools/analysis_tools/benchmark.py', *argv]), dev))
     for name in sections:
         print(f'\n## {name}', flush=True)
         print('\n'.join(SECTIONS[name](args, out)), flush=True)
