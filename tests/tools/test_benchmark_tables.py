@@ -1,9 +1,12 @@
 """tools/analysis_tools/benchmark_tables.py: the benchmark tables of README.md and
 docs/en/benchmarks.md are what the stored JSON (docs/benchmark/) gives, and its check
 notices a table that is not."""
+import glob
 import json
+import os.path as osp
 import re
 import shutil
+import subprocess
 
 import pytest
 from conftest import load_tool
@@ -175,3 +178,73 @@ def test_a_missing_region_is_an_error(docs):
     bench.write_text(text.replace(MARKER.format('modes'), '<!-- modes -->'))
     with pytest.raises(ValueError, match=r"missing: \['modes'\]"):
         tables.main(args + ['--check'])
+
+
+RUN_FIELDS = ('commit', 'date', 'command', 'device', 'cpu', 'python', 'torch', 'cuda')
+
+
+@pytest.mark.parametrize('path', sorted(
+    osp.relpath(p, tables.JSON_DIR)
+    for p in glob.glob(osp.join(tables.JSON_DIR, '**', '*.json'), recursive=True)))
+def test_every_stored_run_says_what_it_measured(path):
+    """Each JSON under docs/benchmark/ names its commit (a full hash, '+uncommitted' where
+    the code differed from it, or 'unknown') and its environment."""
+    with open(osp.join(tables.JSON_DIR, path)) as f:
+        run = json.load(f).get('run')
+    assert run, f'{path}: no "run" record'
+    missing = [k for k in RUN_FIELDS if k not in run]
+    assert not missing, f'{path}: the run record lacks {missing}'
+    assert re.fullmatch(r'[0-9a-f]{40}(\+uncommitted)?|unknown', run['commit']), run['commit']
+    assert re.fullmatch(r'\d{4}-\d{2}-\d{2}', run['date']), run['date']
+
+
+def test_a_run_without_its_record_is_an_error(docs):
+    readme, bench, json_dir, args = docs
+    edit_json(json_dir, 'cuda_h200_2026-11-28/fp32.json', lambda d: d.pop('run'))
+    with pytest.raises(ValueError, match='no "run" record'):
+        tables.main(args + ['--check'])
+
+
+def test_a_table_says_when_the_code_it_measured_has_changed(docs):
+    """The line under a table names its run's commit and says whether mmsoft/models/ has
+    changed since: the H200 run's commit, whose code has changed, says so; the same run
+    recorded at HEAD does not; an unknown commit says nothing."""
+    _, bench, json_dir, args = docs
+    head = subprocess.run(['git', '-C', tables.ROOT, 'rev-parse', 'HEAD'],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(json_dir / 'cuda_h200_2026-11-28/fp32.json') as f:
+        then = json.load(f)['run']['commit']
+    assert tables.models_changed_since(then) is True
+    assert tables.models_changed_since(head) is False
+    assert tables.models_changed_since('unknown') is None
+    assert f'commit {then[:7]} of 2026-11-28; mmsoft/models/ has changed since' in region(
+        bench.read_text(), 'default-gpu')
+    for commit, said in ((head, f'commit {head[:7]} of 2026-11-28)'), ('unknown',
+                                                                        'commit unknown')):
+        edit_json(json_dir, 'cuda_h200_2026-11-28/fp32.json',
+                  lambda d: d['run'].update(commit=commit))
+        assert tables.main(args) == 0
+        text = region(bench.read_text(), 'default-gpu')
+        assert said in text and 'changed since' not in text, text
+
+
+def test_comments_are_not_a_change_of_the_code(tmp_path):
+    """A commit that changes a comment and a docstring of mmsoft/models/ leaves the
+    code as it was; one that changes a statement does not."""
+    repo = tmp_path / 'repo'
+    (repo / 'mmsoft' / 'models').mkdir(parents=True)
+    src = repo / 'mmsoft' / 'models' / 'm.py'
+
+    def commit(text):
+        src.write_text(text)
+        for cmd in (['add', '-A'], ['-c', 'user.name=t', '-c', 'user.email=t@t', 'commit',
+                                    '-qm', 'x']):
+            subprocess.run(['git', '-C', str(repo), *cmd], check=True)
+        return subprocess.run(['git', '-C', str(repo), 'rev-parse', 'HEAD'],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(['git', 'init', '-q', str(repo)], check=True)
+    first = commit('def f():\n    """Takes 3 s."""\n    return 1  # one\n')
+    commit('def f():\n    """Takes 2 s."""\n    return 1  # uno\n')
+    assert tables.models_changed_since(first, root=str(repo)) is False
+    commit('def f():\n    """Takes 2 s."""\n    return 2\n')
+    assert tables.models_changed_since(first, root=str(repo)) is True

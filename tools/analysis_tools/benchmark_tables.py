@@ -34,10 +34,12 @@ matched by their first cell (``README_ROWS``).
 Usage: python tools/analysis_tools/benchmark_tables.py [--check]
 """
 import argparse
+import ast
 import difflib
 import json
 import os.path as osp
 import re
+import subprocess
 import sys
 from collections import namedtuple
 
@@ -183,6 +185,72 @@ def fmt_mb(mb):
     return f'{mb:.0f} MB'
 
 
+def short(commit):
+    """A run's commit as the docs name it: 7 hex digits (+uncommitted kept)."""
+    head, plus, rest = commit.partition('+')
+    return head[:7] + plus + rest if re.fullmatch(r'[0-9a-f]{40}', head) else commit
+
+
+def _git(root, *args):
+    try:
+        res = subprocess.run(['git', '-C', root, *args], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
+def _code_of(root, rev, folder):
+    """{path: the AST of each .py file of ``folder`` at ``rev``, docstrings left out}, or
+    None where git cannot say."""
+    names = _git(root, 'ls-tree', '-r', '--name-only', rev, '--', folder)
+    if names is None:
+        return None
+    paths = [p for p in names.split() if p.endswith('.py')]
+    try:  # every file in one call
+        res = subprocess.run(['git', '-C', root, 'cat-file', '--batch'], capture_output=True,
+                             input=''.join(f'{rev}:{p}\n' for p in paths).encode(),
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out, code = res.stdout, {}
+    for path in paths:
+        head, _, out = out.partition(b'\n')
+        parts = head.split()
+        if res.returncode or len(parts) != 3 or parts[1] != b'blob':
+            return None
+        size = int(parts[2])
+        source, out = out[:size].decode('utf-8'), out[size + 1:]
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            body = getattr(node, 'body', None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                body[0] = ast.Pass()
+        code[path] = ast.dump(tree)
+    return code
+
+
+_CODE = {}
+
+
+def models_changed_since(commit, root=ROOT, folder='mmsoft/models'):
+    """Whether the code of mmsoft/models/ (its Python, comments and docstrings left out)
+    differs between ``commit`` and the checkout's HEAD: True, False, or None where git
+    cannot say (no checkout, an unknown commit, a run of uncommitted code)."""
+    if not re.fullmatch(r'[0-9a-f]{40}', commit):
+        return None
+    head = (_git(root, 'rev-parse', 'HEAD') or '').strip()
+    if not head:
+        return None
+    for rev in (commit, head):
+        if (root, rev, folder) not in _CODE:
+            _CODE[root, rev, folder] = _code_of(root, rev, folder)
+    then, now = _CODE[root, commit, folder], _CODE[root, head, folder]
+    return None if then is None or now is None else then != now
+
+
 class Results:
     """The stored benchmark JSON under ``json_dir``, read once per file; sections with
     their backbone keys made ``canonical``, without the rows that are not today's (SOFT
@@ -198,6 +266,24 @@ class Results:
             with open(path, encoding='utf-8') as f:
                 self._files[source] = json.load(f)
         return self._files[source]
+
+    def run(self, source):
+        """The ``run`` record of a stored run (what it measured: commit, date, command,
+        device, CPU, versions); an error if the file has none."""
+        run = self.raw(source).get('run')
+        if not run or 'commit' not in run:
+            raise ValueError(f'{SOURCES[source].path}: no "run" record (commit, date, '
+                             'command, environment): store runs with benchmark.py --json')
+        return run
+
+    def stamp(self, source):
+        """'commit 43a7dbe of 2026-11-28', with '; mmsoft/models/ has changed since'
+        where it has."""
+        run = self.run(source)
+        text = f'commit {short(run["commit"])} of {run.get("date", "unknown")}'
+        if models_changed_since(run['commit']):
+            text += '; mmsoft/models/ has changed since'
+        return text
 
     def keep(self, source, key):
         """Whether a row of ``source`` is a figure of today's product."""
@@ -262,10 +348,11 @@ def table(header, rows):
     return '\n'.join(lines)
 
 
-def cite(source, section=None):
-    """'the CPU speed run ([cpu_speed_….json](../benchmark/cpu_speed_….json)) `speed`'."""
+def cite(res, source, section=None, link_base=LINK_BASE):
+    """'the CPU speed run ([cpu_speed_….json](../benchmark/cpu_speed_….json), commit
+    0123abc of 2026-11-29) `speed`'."""
     path, name, _ = SOURCES[source]
-    text = f'the {name} ([{osp.basename(path)}]({LINK_BASE}{path}))'
+    text = f'the {name} ([{osp.basename(path)}]({link_base}{path}), {res.stamp(source)})'
     return f'{text} `{section}`' if section else text
 
 
@@ -278,7 +365,7 @@ def ordered(keys):
                                        else len(order), keys.index(k)))
 
 
-def sources_note(what, device, figures, fmt_reference):
+def sources_note(res, what, device, figures, fmt_reference):
     """A line naming where a column's figures come from: '- CPU forward: the CPU speed run
     (…) `speed`; the CPU memory run (…) `memory` (rows …; Swin-T's there: 2.119 s)'. Where
     a column mixes sources, each but the one with the most rows names its rows; a source
@@ -301,7 +388,7 @@ def sources_note(what, device, figures, fmt_reference):
         ref = items[0][1].reference
         if source != ref_source and ref is not None and fmt_reference:
             notes.append(f"{REFERENCE}'s there: {fmt_reference(ref)}")
-        parts.append(cite(*source) + (f' ({"; ".join(notes)})' if notes else ''))
+        parts.append(cite(res, *source) + (f' ({"; ".join(notes)})' if notes else ''))
     return f'- {device} {what}: ' + '; '.join(parts)
 
 
@@ -322,7 +409,7 @@ def render_default_gpu(res):
                                 DETECTION_SIZE)):
             row += [fmt_time(fig.value), fmt_ratio(fig.ratio)] if fig else ['–', '–']
         rows.append(row)
-    return (table(header, rows) + f'\n\nFrom {cite(source, "speed")} and `train`.')
+    return (table(header, rows) + f'\n\nFrom {cite(res, source, "speed")} and `train`.')
 
 
 def render_detection_size_cpu(res):
@@ -343,7 +430,7 @@ def render_detection_size_cpu(res):
             row += [value(fig.value) if fig else '–',
                     fmt_ratio(fig.ratio) if fig and fig.ratio else '–']
         rows.append(row)
-    notes = [sources_note(what, d, figures[what], fmt)
+    notes = [sources_note(res, what, d, figures[what], fmt)
              for what, fmt in (('forward', fmt_time), ('training step', fmt_time),
                                ('peak memory', fmt_mb))]
     return table(header, rows) + '\n\n' + '\n'.join(n for n in notes if n)
@@ -360,7 +447,7 @@ def _sized_table(res, source, section, device):
         r, ref = rows[m], rows.get(REFERENCE, {})
         body.append([label(m)] + [fmt_time(r[s]) if s in r else '–' for s in sizes] + [
             fmt_ratio(r[s] / ref[s]) if s in r and ref.get(s) else '–' for s in sizes])
-    return table(header, body) + f'\n\nFrom {cite(source, section)}.'
+    return table(header, body) + f'\n\nFrom {cite(res, source, section)}.'
 
 
 def render_forward_cpu(res):
@@ -386,7 +473,7 @@ def render_modes(res):
                              f'one per input of {DEVIATION_INPUTS}')
         rows.append([name, what] + [f'{x:.1e}' for x in v['deviation']]
                     + [f'{v["official"]:.1e}'])
-    return table(header, rows) + f'\n\nFrom {cite(MODES_SOURCE, "modes")}.'
+    return table(header, rows) + f'\n\nFrom {cite(res, MODES_SOURCE, "modes")}.'
 
 
 def render_detector_h100(res):
@@ -433,7 +520,7 @@ def _detector_table(res, source, device):
                 row += [f'{p / 2**30:.2f} GiB' if p else '–',
                         fmt_ratio(p / pr) if p and pr else '–']
             body.append(row)
-    return table(header, body) + f'\n\nFrom {cite(source, "detector")}.'
+    return table(header, body) + f'\n\nFrom {cite(res, source, "detector")}.'
 
 
 def render_autocast(res):
@@ -452,7 +539,7 @@ def render_autocast(res):
                            else f'{fmt_time(t)} ({fmt_ratio(t / ref)})')
         body.append(row)
     return (table(header, body) + '\n\nFrom ' + ', '.join(
-        cite(s) for _, s in AUTOCAST) + ' (`speed`, `train`).')
+        cite(res, s) for _, s in AUTOCAST) + ' (`speed`, `train`).')
 
 def render_launches(res):
     """ATen operators per forward and training step (counted on the meta device with
@@ -478,10 +565,33 @@ def render_launches(res):
                              else f'{n} ({fmt_ratio(n / ref)})')
             row.append(' / '.join(cells))
         body.append(row)
-    return table(header, body) + f'\n\nFrom {cite(LAUNCHES, "launches")}.'
+    return table(header, body) + f'\n\nFrom {cite(res, LAUNCHES, "launches")}.'
+
+
+def render_environments(res):
+    """The stored runs the tables are drawn from: what each measured (commit, date,
+    device, CPU, torch), and Swin-T's forward at detection size in each run that timed it:
+    how far one figure moves between runs of one device."""
+    header = ['run', 'commit', 'date', 'device', 'CPU', 'torch',
+              f"Swin-T's forward @{size_text(DETECTION_SIZE)}"]
+    rows = []
+    for source, (path, name, _) in SOURCES.items():
+        run = res.run(source)
+        speed = (res.raw(source).get('speed') or {}).get(REFERENCE) or {}
+        memory = ((res.raw(source).get('memory') or {}).get(REFERENCE) or {}).get('forward')
+        t = speed.get(DETECTION_SIZE) or (memory or {}).get('time')
+        changed = models_changed_since(run['commit'])
+        rows.append([f'{name} ([{osp.basename(path)}]({LINK_BASE}{path}))',
+                     short(run['commit']) + (' (mmsoft/models/ changed since)' if changed
+                                             else ''),
+                     run.get('date', 'unknown'), run.get('device', 'unknown'),
+                     run.get('cpu', 'unknown'), run.get('torch', 'unknown'),
+                     fmt_time(t) if t else '–'])
+    return table(header, rows)
 
 
 BENCHMARK_TABLES = {
+    'environments': render_environments,
     'default-gpu': render_default_gpu,
     'detection-size-cpu': render_detection_size_cpu,
     'forward-cpu': render_forward_cpu,
@@ -503,12 +613,12 @@ def render_readme_glance(res, body):
     """README.md's "At a glance" table with its time and memory columns
     (``README_COLUMNS``, found by their headers) set from benchmarks.md's figures at
     detection size; the other columns as they are."""
-    lines = body.strip('\n').split('\n')
+    lines = body.strip('\n').split('\n\n')[0].split('\n')  # the table, not its sources
     header = _cells(lines[0])
     missing = [h for h in README_COLUMNS if h not in header]
     if missing:
         raise ValueError(f"README.md's generated table lacks the columns {missing}")
-    out = lines[:2]
+    out, used = lines[:2], {}
     for line in lines[2:]:
         cells = _cells(line)
         if cells[0] not in README_ROWS:
@@ -520,14 +630,49 @@ def render_readme_glance(res, body):
             for d in devices:
                 model = row.get(d, row['H200'])  # 'GPU': the GPU row's backbone
                 fig = res.figure(quantity, d, model)
+                if fig:
+                    used.setdefault(fig.source[0], None)
                 shown.append(fmt_ratio(1.0) if model == REFERENCE  # the reference itself
                              else fmt_ratio(fig.ratio) if fig and fig.ratio else UNMEASURED)
             cells[header.index(h)] = ' · '.join(shown)
         out.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(out)
+    return '\n'.join(out) + '\n\nFrom ' + '; '.join(
+        cite(res, s, link_base='docs/benchmark/') for s in used) + '.'
 
 
-README_TABLES = {'glance': render_readme_glance}
+
+# README.md's "What was verified where": (what, where) per row; {SOURCE} is replaced by
+# that stored run's commit and date (``Results.stamp``).
+STATUS = (
+    ('configs, tools, pipelines', 'every config builds and every tool and pipeline runs, '
+     'on the CPU, on every change: the OpenMMLab and OneDL stacks, and the oldest stack '
+     '(torch 2.1, mmcv 2.1.0)'),
+    ('outputs and gradients', "both backbones match the official code's outputs and "
+     'gradients (parity fixtures the official code wrote), on the CPU on every change; '
+     'on a GPU: {h200}'),
+    ('backbone time and memory, CPU', 'SOFT-S, XCiT-SimA and Swin-T at detection size: '
+     '{cpu-memory}'),
+    ('backbone time, GPU', 'SOFT-S and Swin-T on one NVIDIA H200: {h200}; peak GPU '
+     'memory of SOFT unmeasured'),
+    ('detector iteration', 'RetinaNet and Mask R-CNN, CPU: {cpu-detector}; on a GPU with '
+     'SOFT: unmeasured'),
+    ('several GPUs', 'never run (two processes on the CPU, gloo, are tested)'),
+    ('accuracy (AP, mIoU)', "the papers' numbers: no COCO or ADE20K training was run "
+     'for mmsoft'),
+    ('ImageNet weights', 'the conversion is tested on checkpoints the official code wrote '
+     'for small random models; the released files themselves were not loaded'),
+)
+
+
+def render_readme_status(res, body=None):
+    """README.md's "What was verified where" table (``STATUS``), each run's commit and
+    date from its record."""
+    rows = [[what, re.sub(r'\{([\w-]+)\}', lambda m: res.stamp(m.group(1)), where)]
+            for what, where in STATUS]
+    return table(['what', 'verified where'], rows)
+
+
+README_TABLES = {'glance': render_readme_glance, 'status': render_readme_status}
 
 
 # ------------------------------------------------------------------ regions in files
