@@ -7,8 +7,9 @@
 # the processes its tests start (tests/conftest.py): a test module runs in one process,
 # the longest modules first, so that the processes end together. `-n 0` runs everything
 # in this process with torch's own thread count. A passed test's temporary folder is
-# deleted when it ends (a run writes 2-3 GB of checkpoints and work dirs there); a failed
-# one's stays, as pytest keeps them, under its basetemp.
+# deleted when it ends (a run writes gigabytes of checkpoints and work dirs there:
+# docs/en/notes/changelog.md); a failed one's stays, as pytest keeps them, under its
+# basetemp.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/stack.sh"  # STACK, VENV

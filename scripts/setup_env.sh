@@ -13,8 +13,8 @@
 #       numpy < 2 (torch 2.1 was built against numpy 1); mmcv 2.1.0 built unpatched.
 # MMSOFT_VENV overrides the folder.
 #
-# Neither mmcv has a wheel for torch 2.14: it is built here once (its time per stack:
-# docs/en/get_started.md, "The mmcv build"; their setup.py asks for C++14/17, torch's
+# Neither mmcv has a wheel for torch 2.14: it is built here once (minutes; its time per
+# stack: docs/en/notes/changelog.md; their setup.py asks for C++14/17, torch's
 # headers need C++20, which this script patches) and the wheel is cached in $MMSOFT_CACHE
 # (default ~/.cache/mmsoft) for every later run. Where torch sees a GPU the ops are built
 # with CUDA (needs nvcc of torch's CUDA major version; the wheel is cached per torch+CUDA
@@ -64,10 +64,10 @@ trap 'fail "step failed at line $LINENO (see the output above). Fix the cause an
 "$PYTHON" -c "import sys; assert sys.version_info >= (3, $MIN_PY)" \
   || fail "$PYTHON is missing or older than 3.$MIN_PY (the $STACK stack); set PYTHON=/path/to/python3."
 
-# A new environment takes 5.6-6.6 GiB (torch and its CUDA libraries; 6.5 GiB at the peak of
-# a fresh default set-up). Check the disk before downloading rather than stop halfway
-# with pip's "No space left on device". An environment that already has torch is not
-# checked: what is left to install is small.
+# A new environment takes several GiB (torch and its CUDA libraries; the sizes measured:
+# docs/en/notes/changelog.md); NEED_GIB leaves room to spare. Check the disk before
+# downloading rather than stop halfway with pip's "No space left on device". An
+# environment that already has torch is not checked: what is left to install is small.
 NEED_GIB=8
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   DISK="$VENV"
@@ -132,9 +132,8 @@ if ! ls "$WHEELDIR"/$WHEEL_GLOB >/dev/null 2>&1; then
   fi
   # Without debug information: -g0 after the -g of Python's own compile flags (CPPFLAGS
   # is appended to them by every setuptools; CFLAGS replaces them, -O3 included, in the
-  # newer ones). The ops are the same machine code, each file compiles in two thirds of
-  # the time (five of mmcv 2.1.0's files for torch 2.14 one after another: 157 s with -g,
-  # 103 s with -g0) and the wheel is smaller.
+  # newer ones). The ops are the same machine code, each file compiles faster (timed:
+  # docs/en/notes/changelog.md) and the wheel is smaller.
   # shellcheck disable=SC2086  # MMCV_BUILD_ENV holds NAME=value words for env
   (cd "$SRC" && env $MMCV_BUILD_ENV CPPFLAGS="${CPPFLAGS:+$CPPFLAGS }-g0" MMCV_WITH_OPS=1 \
      MAX_JOBS="${MAX_JOBS:-2}" "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD/dist" .) \

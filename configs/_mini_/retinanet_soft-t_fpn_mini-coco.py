@@ -2,7 +2,7 @@
 # scratch (no ImageNet checkpoint) on the generated mini COCO set (tools/misc/make_mini_dataset.py,
 # 128x128 images, 2 classes) for 400 iterations of batch 4, evaluated with COCO bbox mAP.
 # The neck and head are 64 channels wide instead of 256: at 256 the head's convolutions
-# took most of a training iteration (0.73 s against 0.37 s at 64 on 2 CPU cores), and
+# took most of a training iteration on a CPU (timed: docs/en/notes/changelog.md), and
 # two shapes on 128x128 images need no more.
 _base_ = '../soft/retinanet_soft-t_fpn_1x_coco.py'
 

@@ -463,6 +463,6 @@ def fmt(s):
 
 
 def faster(t_other, t_ours):
-    """'2.5× faster than' / '3.7× slower than': a ratio below one reads as slower."""
+    """'R× faster than' / 'R× slower than': a ratio below one reads as slower."""
     r = t_other / t_ours
     return f'{r:.1f}× faster than' if r >= 1 else f'{1 / r:.1f}× slower than'

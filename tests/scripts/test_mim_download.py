@@ -1,6 +1,6 @@
 """`mim download mmsoft` has no weights to fetch: it fails as docs/en/faq.md says, before
-it downloads anything (so this test needs no network), and the FAQ tells where the weights
-come from instead."""
+it downloads anything (so this test needs no network), and the FAQ points to where the
+weights come from instead: the README's Weights section, the one place that says it."""
 import os.path as osp
 import re
 import subprocess
@@ -23,9 +23,14 @@ def faq_entry():
 def test_mim_download_fails_as_the_faq_says(tmp_path):
     entry = faq_entry()
     assert MIM_ERROR in entry
+    assert 'README.md#weights' in entry and 'convert_checkpoint' in entry
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        readme = f.read()
+    weights = re.search(r'^## Weights\n(.*?)(?=^## )', readme, re.S | re.M)
+    assert weights, 'README.md has no Weights section'
     for source in ('https://github.com/fudan-zvg/SOFT', 'https://dl.fbaipublicfiles.com/xcit/',
-                   'convert_checkpoint'):
-        assert source in entry
+                   'checkpoints/soft_small_norm.pth'):
+        assert source in weights.group(1)
 
     exe = osp.join(osp.dirname(sys.executable), 'mim')
     dest = tmp_path / 'dest'

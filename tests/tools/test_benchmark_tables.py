@@ -1,6 +1,7 @@
-"""tools/analysis_tools/benchmark_tables.py: the benchmark tables of README.md and
-docs/en/benchmarks.md are what the stored JSON (docs/benchmark/) gives, and its check
-notices a table that is not."""
+"""tools/analysis_tools/benchmark_tables.py: the generated tables of README.md,
+docs/en/benchmarks.md and docs/en/notes/tests.md are what the stored runs
+(docs/benchmark/) give, each names the run and commit it comes from, and the check notices
+a table that is not."""
 import glob
 import json
 import os.path as osp
@@ -22,9 +23,10 @@ def docs(tmp_path):
     readme, bench = tmp_path / 'README.md', tmp_path / 'benchmarks.md'
     shutil.copy(tables.README, readme)
     shutil.copy(tables.BENCHMARKS, bench)
+    shutil.copy(tables.TESTS_NOTE, tmp_path / 'tests.md')
     shutil.copytree(tables.JSON_DIR, tmp_path / 'json')
-    args = ['--readme', str(readme), '--benchmarks', str(bench), '--json-dir',
-            str(tmp_path / 'json')]
+    args = ['--readme', str(readme), '--benchmarks', str(bench), '--tests-note',
+            str(tmp_path / 'tests.md'), '--json-dir', str(tmp_path / 'json')]
     return readme, bench, tmp_path / 'json', args
 
 
@@ -75,7 +77,8 @@ def test_an_altered_number_fails_the_check(docs, capsys, doc, name):
     assert tables.main(args + ['--check']) == 1
     out = capsys.readouterr().out
     assert f"generated table '{name}'" in out
-    others = set(tables.BENCHMARK_TABLES) | set(tables.README_TABLES)
+    others = set(tables.BENCHMARK_TABLES) | set(tables.README_TABLES) | set(
+        tables.TESTS_TABLES)
     assert not [o for o in others - {name} if f"generated table '{o}'" in out], out
     # rewriting puts the JSON's number back
     assert tables.main(args) == 0

@@ -11,7 +11,7 @@ V_{k+1} = 2V_k - V_k·A·V_k. The backward pass treats the iterate Y as an exact
 - ``TF32``: the same iterate with TF32 tensor-core products between float32 steps,
   optionally on a zero-padded kernel and with its last float32 steps applied to the thin
   matrix (``_NewtonPinvThin``: one m×m product a step instead of two). Why each option
-  and the figures behind CUDA's values: docs/en/notes/per_device_plans.md, tf32.md.
+  and where the figures behind CUDA's values live: docs/en/notes/per_device_plans.md.
 - ``Regularized``: the fast mode, a Tikhonov solve standing in for the iterate.
 
 A ``Variant`` computes W = A⁺·Z with its own options and declares where it can run;
@@ -37,8 +37,8 @@ __all__ = [
 # newton_alpha halves α while ||I - α·A·A||₁ exceeds this
 ALPHA_BOUND = 1.01
 # ``_thin_costs``: the least cost it counts for one product, in flops: about what an H100
-# computes in float32 products in the ~10 µs an eager operator takes to launch. Below it,
-# operators cost launches.
+# computes in float32 products in the time an eager operator takes to launch
+# (docs/en/notes/per_device_plans.md). Below it, operators cost launches.
 LAUNCH_FLOPS = 4e8
 
 
@@ -159,7 +159,7 @@ def first_step_bound(A, alpha, nonnegative=False):
 def round_tf32(x):
     """float32 values rounded to TF32 (10 mantissa bits, to nearest, ties to even), still
     float32: what a TF32 product of them sees. Tensor cores were measured to round so
-    (docs/en/notes/tf32.md); the emulation of 'tf32' off CUDA uses it."""
+    (docs/en/notes/numerics.md); the emulation of 'tf32' off CUDA uses it."""
     if x.dtype != torch.float32:
         raise TypeError(f'round_tf32 rounds float32 tensors, got {x.dtype}')
     bits = x.contiguous().view(torch.int32)
@@ -302,7 +302,7 @@ class TF32(Variant):
     The first float32 steps keep eigenvalues on the step size's boundary (αλ² ≈ 2, the
     near-identity kernels) from being pushed over it by TF32's rounding of V₀, where the
     iterate diverges; the last ones remove TF32's rounding where Newton's step converges
-    (it squares the error there). docs/en/notes/tf32.md has the measurements.
+    (it squares the error there). docs/en/notes/numerics.md has the measurements.
 
     Args:
         float32_steps (tuple[int, int]): float32 steps before and after the TF32 ones
@@ -470,11 +470,12 @@ def regularized_apply(A, Z, iters=20):
 
     T Newton steps filter an eigenvalue λ to (1 - (1 - αλ²)^(2^T)) / λ ≈
     (1 - exp(-λ²/μ)) / λ; the Tikhonov filter λ / (λ² + μ) has the same two limits (the
-    inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ) and deviates most, up to ~20 %, where λ² ≈ μ
+    inverse for λ² ≫ μ, α·2^T·λ for λ² ≪ μ) and deviates most where λ² ≈ μ: their ratio
+    x / ((1 + x)·(1 - e^-x)), x = λ²/μ, is least, 0.77, near x = 1.8
     (``tools/analysis_tools/benchmark.py --sections modes`` reports the outputs'
-    deviation). Gradients by autograd through the solve. A factorization that fails in
-    floating point raises on the CPU; elsewhere checking would synchronize with the host
-    in every call, so that matrix's output is NaN instead.
+    deviation: docs/en/benchmarks.md). Gradients by autograd through the solve. A
+    factorization that fails in floating point raises on the CPU; elsewhere checking would
+    synchronize with the host in every call, so that matrix's output is NaN instead.
     """
     alpha = newton_alpha(A.detach(), nonnegative=True)
     mu = 1.0 / (alpha * float(2**iters))  # (..., 1, 1)

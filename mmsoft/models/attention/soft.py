@@ -1,9 +1,9 @@
 """SOFT's softmax-free attention P·Â·(Pᵀ·V) (SOFT, IJCV 2024: Eq. 5, Alg. 2, Eq. 25).
 
-P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the network (282 MB
-per head in SOFT-S stage 1 at 800×1344, float32). When gradients are needed, P is never
-kept for backward: its products are computed in row chunks and P is recomputed in
-backward, so training memory holds only the thin Q, Q̃, V and W. Both products and the
+P = κ(Q, Q̃) is (..., N, m): at detection sizes the largest tensor of the network (N×m =
+67200×1050 float32 values per head in SOFT-S stage 1 at 800×1344). When gradients are
+needed, P is never kept for backward: its products are computed in row chunks and P is
+recomputed in backward, so training memory holds only the thin Q, Q̃, V and W. Both products and the
 m-sized middle run through ``kernel_attention`` there, whose backward forms one
 G = ∇P ⊙ P for both products; under ``torch.compile`` each product is its own
 (``kernel_matmul``). Without gradients P is formed once, or, where the device's plan

@@ -92,8 +92,8 @@ def _perron_pair(A, A64, steps=PERRON_STEPS):
     float64 (the others in float32: half the memory traffic), and the float64 residual
     ||A·x - μ·x||. A (..., m, m) symmetric float32 and A64 the same in float64; returns
     (..., 1, 1), (..., m, 1), (..., 1, 1), float64."""
-    # Row vectors: xᵀ·A (= (A·x)ᵀ, A symmetric) runs as a matrix product, ~4× faster on
-    # the CPU than A·x as a batched product with one column.
+    # Row vectors: xᵀ·A (= (A·x)ᵀ, A symmetric) runs as a matrix product, faster on the
+    # CPU than A·x as a batched product with one column (docs/en/notes/changelog.md).
     x = A.sum(-2, keepdim=True)  # (..., 1, m)
     for k in range(steps):
         if k == steps - 2:
@@ -144,8 +144,8 @@ def _mixed_spectral_factors(A, iters, nonnegative=False):
     v_T(μ). A and A - μ·x·xᵀ have the same eigenvectors, and x's eigenvalue 0 there has
     v_T(0) = 0, so the iterate is the same.
 
-    One kernel at a time (``_mixed_factors_into``): its float64 copy (8.8 MB at m = 1050)
-    and the power steps stay in cache, no float64 copy of the whole batch is held, and
+    One kernel at a time (``_mixed_factors_into``): its float64 copy (m² values) and the
+    power steps stay in cache, no float64 copy of the whole batch is held, and
     eigh writes the eigenvectors straight into the result.
 
     Returns:
@@ -312,10 +312,10 @@ def _one_blas_thread():
     OpenBLAS keeps worker threads of its own beside torch's OpenMP threads, and they
     spin for a while after each call. On a 2-core machine the workers that ``ssytrd``
     left spinning took a core from the torch operators between the calls (the Perron
-    split and ``ormqr`` ran 1.4-2× slower), and the torch threads still spinning slowed
+    split and ``ormqr`` ran slower), and the torch threads still spinning slowed
     ``ssytrd``; on the calling thread it starts no worker, and SOFT-S's forward takes
-    less (docs/en/notes/per_device_plans.md). Other BLAS libraries (MKL, which torch may
-    use) are left as they are."""
+    less (docs/en/notes/per_device_plans.md; the figures: changelog.md beside it). Other
+    BLAS libraries (MKL, which torch may use) are left as they are."""
     controller = _openblas_controller()
     return nullcontext() if controller is None else controller.limit(limits=1)
 
