@@ -72,10 +72,9 @@ SOURCES = {
     'cpu-modes': Source('cpu_2026-11-24.json', 'CPU modes run', False),
     'h200': Source('cuda_h200_2026-11-28/fp32.json', 'H200 run', True),
     'h200-backbones': Source('cuda_h200/fp32.json', 'H200 backbones run', False),
-    'h100-fp32': Source('cuda_h100/fp32.json', 'H100 float32 run', False),
+    'h100-fp32': Source('cuda_h100/fp32.json', 'H100 run', False),
     'h100-bf16': Source('cuda_h100/bf16.json', 'H100 bf16 run', False),
     'h100-fp16': Source('cuda_h100/fp16.json', 'H100 fp16 run', False),
-    'h100-detector': Source('cuda_h100/detector.json', 'H100 detector run', False),
     'launches': Source('cpu_launches_2026-11-27.json', 'operator count', True),
     'tests': Source('cpu_tests_2026-12-05.json', 'test commands run', True),
     'ci': Source('cpu_ci_2026-12-05.json', 'CI run', True),
@@ -88,7 +87,7 @@ PEAK = {'CPU': (('cpu-memory', 'memory'), )}
 # The other tables: (device, source)
 MODES_SOURCE, LAUNCHES = 'cpu-modes', 'launches'
 AUTOCAST = (('float32', 'h100-fp32'), ('bf16', 'h100-bf16'), ('fp16', 'h100-fp16'))
-DETECTOR = {'H100': 'h100-detector', 'CPU': 'cpu-detector'}
+DETECTOR = {'CPU': 'cpu-detector'}
 # What the JSON does not record: the size of the memory section (the runs' largest
 # --sizes entry), and the runs' --train-batch.
 DETECTION_SIZE = '800x1344'
@@ -441,7 +440,12 @@ def render_detection_size_cpu(res):
     notes = [sources_note(res, what, d, figures[what], fmt)
              for what, fmt in (('forward', fmt_time), ('training step', fmt_time),
                                ('peak memory', fmt_mb))]
-    return table(header, rows) + '\n\n' + '\n'.join(n for n in notes if n)
+    merged = {}  # quantities read from the same sources share a line
+    for what, note in zip(('forward', 'training step', 'peak memory'), notes):
+        if note:
+            merged.setdefault(note.split(': ', 1)[1], []).append(what)
+    lines = [f'- {d} {" and ".join(whats)}: {where}' for where, whats in merged.items()]
+    return table(header, rows) + '\n\n' + '\n'.join(lines)
 
 
 def _sized_table(res, source, section, device):
@@ -482,10 +486,6 @@ def render_modes(res):
         rows.append([name, what] + [f'{x:.1e}' for x in v['deviation']]
                     + [f'{v["official"]:.1e}'])
     return table(header, rows) + f'\n\nFrom {cite(res, MODES_SOURCE, "modes")}.'
-
-
-def render_detector_h100(res):
-    return _detector_table(res, DETECTOR['H100'], 'H100')
 
 
 def render_detector_cpu(res):
@@ -582,21 +582,28 @@ def render_environments(res):
     how far one figure moves between runs of one device."""
     header = ['run', 'commit', 'date', 'device', 'CPU', 'torch',
               f"Swin-T's forward @{size_text(DETECTION_SIZE)}"]
-    rows = []
+    rows, same = [], {}  # runs of one call (commit, date, device) share a row
     for source, (path, name, _) in SOURCES.items():
         if source in TESTS_SOURCES:
             continue  # tests.md's
         run = res.run(source)
+        key = (run['commit'], run.get('date'), run.get('device'))
+        link = f'[{osp.basename(path)}]({LINK_BASE}{path})'
+        if key in same:  # the same call's other file
+            row = same[key]
+            row[0] = row[0][:-1] + f', {link})'
+            continue
         speed = (res.raw(source).get('speed') or {}).get(REFERENCE) or {}
         memory = ((res.raw(source).get('memory') or {}).get(REFERENCE) or {}).get('forward')
         t = speed.get(DETECTION_SIZE) or (memory or {}).get('time')
         changed = models_changed_since(run['commit'])
-        rows.append([f'{name} ([{osp.basename(path)}]({LINK_BASE}{path}))',
+        same[key] = [f'{name} ({link})',
                      short(run['commit']) + (' (mmsoft/models/ changed since)' if changed
                                              else ''),
                      run.get('date', 'unknown'), run.get('device', 'unknown'),
                      run.get('cpu', 'unknown'), run.get('torch', 'unknown'),
-                     fmt_time(t) if t else '–'])
+                     fmt_time(t) if t else '–']
+        rows.append(same[key])
     return table(header, rows)
 
 
@@ -606,7 +613,6 @@ BENCHMARK_TABLES = {
     'detection-size-cpu': render_detection_size_cpu,
     'forward-cpu': render_forward_cpu,
     'forward-gpu': render_forward_gpu,
-    'detector-h100': render_detector_h100,
     'detector-cpu': render_detector_cpu,
     'autocast': render_autocast,
     'modes': render_modes,
