@@ -24,9 +24,11 @@ def docs(tmp_path):
     shutil.copy(tables.README, readme)
     shutil.copy(tables.BENCHMARKS, bench)
     shutil.copy(tables.TESTS_NOTE, tmp_path / 'tests.md')
+    shutil.copy(tables.METAFILE, tmp_path / 'metafile.yml')
     shutil.copytree(tables.JSON_DIR, tmp_path / 'json')
     args = ['--readme', str(readme), '--benchmarks', str(bench), '--tests-note',
-            str(tmp_path / 'tests.md'), '--json-dir', str(tmp_path / 'json')]
+            str(tmp_path / 'tests.md'), '--metafile', str(tmp_path / 'metafile.yml'),
+            '--json-dir', str(tmp_path / 'json')]
     return readme, bench, tmp_path / 'json', args
 
 
