@@ -134,7 +134,7 @@ AUTOCAST_ROWS = (DEFAULT, 'XCiT-SimA-S12/16', 'Swin-T')
 README_ROWS = {
     'SOFT-S': {'H200': DEFAULT, 'CPU': DEFAULT},
     'SOFT-S, `landmark_grid=16` (fast mode, other outputs; on the GPU with '
-    '`cuda_graphs=True`)': {'H200': 'SOFT-S [grid16 + cuda graphs]',
+    '`cuda_graphs=True`, which its shipped configs do not set)': {'H200': 'SOFT-S [grid16 + cuda graphs]',
                             'CPU': 'SOFT-S [grid16]'},
     'XCiT-S12/16-SimA': {'H200': 'XCiT-SimA-S12/16', 'CPU': 'XCiT-SimA-S12/16'},
     'Swin-T': {'H200': 'Swin-T', 'CPU': 'Swin-T'},
