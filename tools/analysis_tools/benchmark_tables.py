@@ -65,10 +65,9 @@ Source = namedtuple('Source', 'path name soft_today')
 # measured SOFT with today's plan). The commands are in benchmarks.md and beside each
 # GPU report.
 SOURCES = {
-    'cpu-speed': Source('cpu_speed_2026-11-29.json', 'CPU speed run', True),
+    'cpu-speed': Source('cpu_speed_2026-12-05.json', 'CPU speed run', True),
     'cpu-memory': Source('cpu_memory_2026-12-05.json', 'CPU memory run', True),
-    # before 'spectral' decomposed in float64 in a training step: SOFT's training not today's
-    'cpu-detector': Source('cpu_detector_2026-11-29.json', 'CPU detector run', False),
+    'cpu-detector': Source('cpu_detector_2026-12-05.json', 'CPU detector run', True),
     # its modes section: the modes' deviations (the function each computes), not times
     'cpu-modes': Source('cpu_2026-11-24.json', 'CPU modes run', False),
     'h200': Source('cuda_h200_2026-11-28/fp32.json', 'H200 run', True),
@@ -76,7 +75,7 @@ SOURCES = {
     'h100-fp32': Source('cuda_h100/fp32.json', 'H100 run', False),
     'h100-bf16': Source('cuda_h100/bf16.json', 'H100 bf16 run', False),
     'h100-fp16': Source('cuda_h100/fp16.json', 'H100 fp16 run', False),
-    'launches': Source('cpu_launches_2026-11-27.json', 'operator count', True),
+    'launches': Source('cpu_launches_2026-12-05.json', 'operator count', True),
     'tests': Source('cpu_tests_2026-12-05.json', 'test commands run', True),
     'ci': Source('cpu_ci_2026-12-05.json', 'CI run', True),
 }
@@ -766,12 +765,13 @@ def _inference_time(res, run, path, ms, stamp):
     return '\n'.join([
         f'{i}inference time (ms/im):',
         f'{i}  - value: {ms:.1f}',
-        f'{i}    hardware: "{run.get("cpu", "unknown CPU")}, {run.get("threads")} threads"',
+        f'{i}    hardware: CPU',  # as mmdet's short names (V100): mim prints it in a key
         f'{i}    backend: PyTorch',
         f'{i}    batch size: 1',
         f'{i}    mode: FP32',
         f'{i}    resolution: (800, 1333)',
-        f'{i}    benchmark: "docs/benchmark/{path}, {stamp}"'])
+        f'{i}    benchmark: "{run.get("cpu", "unknown CPU")}, {run.get("threads")} threads; '
+        f'docs/benchmark/{path}, {stamp}"'])
 
 
 # ------------------------------------------------------------------ regions in files
