@@ -1009,3 +1009,16 @@ def test_a_figure_outside_the_tables_is_reported():
     assert [p.split(': ', 1)[0] for p in problems] == ['m.py:3', 'm.py:4'], problems
     assert code_figure_problems('s.sh', 'x=1  # 5 min\n') == [
         's.sh:1: a figure outside the generated tables: 5 min']
+
+
+# The benchmarks page is its tables and their commands; a note states design decisions,
+# citing the tables for figures (the changelog keeps the history).
+PAGE_LINES = {'docs/en/benchmarks.md': 200}
+PAGE_LINES.update({d: 150 for d in DOCS if d.startswith('docs/en/notes/')
+                   and not d.endswith('changelog.md')})
+
+
+@pytest.mark.parametrize('doc', sorted(PAGE_LINES))
+def test_pages_stay_short(doc):
+    lines = _read(doc).count('\n')
+    assert lines <= PAGE_LINES[doc], f'{doc}: {lines} lines, at most {PAGE_LINES[doc]}'

@@ -68,8 +68,7 @@ SOURCES = {
     'cpu-speed': Source('cpu_speed_2026-12-05.json', 'CPU speed run', True),
     'cpu-memory': Source('cpu_memory_2026-12-05.json', 'CPU memory run', True),
     'cpu-detector': Source('cpu_detector_2026-12-05.json', 'CPU detector run', True),
-    # its modes section: the modes' deviations (the function each computes), not times
-    'cpu-modes': Source('cpu_2026-11-24.json', 'CPU modes run', False),
+    'cpu-modes': Source('cpu_modes_2026-12-05.json', 'CPU modes run', True),
     'h200': Source('cuda_h200_2026-11-28/fp32.json', 'H200 run', True),
     'h200-backbones': Source('cuda_h200/fp32.json', 'H200 backbones run', False),
     'h100-fp32': Source('cuda_h100/fp32.json', 'H100 run', False),
