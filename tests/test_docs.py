@@ -14,6 +14,7 @@ import io
 import os.path as osp
 import re
 import shlex
+import tokenize
 import unicodedata
 from urllib.parse import unquote
 
@@ -686,7 +687,6 @@ def code_comments(path, source):
     if not path.endswith('.py'):
         return [(i, line.split('#', 1)[1]) for i, line in enumerate(source.splitlines(), 1)
                 if '#' in line]
-    import tokenize
     found, prev = [], tokenize.NEWLINE
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:

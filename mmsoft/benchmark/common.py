@@ -49,10 +49,11 @@ RECORDED_PACKAGES = ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'onedl-
                      'onedl-mmcv', 'onedl-mmdetection', 'onedl-mmpretrain')
 
 
-def _git(*args):
+def git_output(*args, root=PACKAGE_PARENT):
+    """What ``git -C root ARGS`` prints, stripped; None where git fails or is missing."""
     try:
-        res = subprocess.run(['git', '-C', PACKAGE_PARENT, *args], capture_output=True,
-                             text=True, timeout=30)
+        res = subprocess.run(['git', '-C', root, *args], capture_output=True, text=True,
+                             timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return res.stdout.strip() if res.returncode == 0 else None
@@ -81,8 +82,8 @@ def run_record(command, device):
     import platform
     from datetime import datetime, timezone
     from importlib import metadata
-    commit = _git('rev-parse', 'HEAD') or 'unknown'
-    if commit != 'unknown' and _git('status', '--porcelain', '--', 'mmsoft'):
+    commit = git_output('rev-parse', 'HEAD') or 'unknown'
+    if commit != 'unknown' and git_output('status', '--porcelain', '--', 'mmsoft'):
         commit += '+uncommitted'
     packages = {}
     for name in RECORDED_PACKAGES:

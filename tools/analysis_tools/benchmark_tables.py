@@ -51,6 +51,7 @@ from functools import partial
 
 # times as the benchmark prints them (ms below a second, else seconds)
 from mmsoft.benchmark.common import fmt as fmt_time
+from mmsoft.benchmark.common import git_output
 
 # tools/analysis_tools/ -> the repository root
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -132,8 +133,8 @@ AUTOCAST_ROWS = (DEFAULT, 'XCiT-SimA-S12/16', 'Swin-T')
 README_ROWS = {
     'SOFT-S': {'H200': DEFAULT, 'CPU': DEFAULT},
     'SOFT-S, `landmark_grid=16` (fast mode, other outputs; on the GPU with '
-    '`cuda_graphs=True`, which its shipped configs do not set)': {'H200': 'SOFT-S [grid16 + cuda graphs]',
-                            'CPU': 'SOFT-S [grid16]'},
+    '`cuda_graphs=True`, which its shipped configs do not set)': {
+        'H200': 'SOFT-S [grid16 + cuda graphs]', 'CPU': 'SOFT-S [grid16]'},
     'XCiT-S12/16-SimA': {'H200': 'XCiT-SimA-S12/16', 'CPU': 'XCiT-SimA-S12/16'},
     'Swin-T': {'H200': 'Swin-T', 'CPU': 'Swin-T'},
 }
@@ -197,19 +198,10 @@ def short(commit):
     return head[:7] + plus + rest if re.fullmatch(r'[0-9a-f]{40}', head) else commit
 
 
-def _git(root, *args):
-    try:
-        res = subprocess.run(['git', '-C', root, *args], capture_output=True, text=True,
-                             timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout if res.returncode == 0 else None
-
-
 def _code_of(root, rev, folder):
     """{path: the AST of each .py file of ``folder`` at ``rev``, docstrings left out}, or
     None where git cannot say."""
-    names = _git(root, 'ls-tree', '-r', '--name-only', rev, '--', folder)
+    names = git_output('ls-tree', '-r', '--name-only', rev, '--', folder, root=root)
     if names is None:
         return None
     paths = [p for p in names.split() if p.endswith('.py')]
@@ -247,7 +239,7 @@ def models_changed_since(commit, root=ROOT, folder='mmsoft/models'):
     cannot say (no checkout, an unknown commit, a run of uncommitted code)."""
     if not re.fullmatch(r'[0-9a-f]{40}', commit):
         return None
-    head = (_git(root, 'rev-parse', 'HEAD') or '').strip()
+    head = git_output('rev-parse', 'HEAD', root=root)
     if not head:
         return None
     for rev in (commit, head):
@@ -371,11 +363,11 @@ def ordered(keys):
                                        else len(order), keys.index(k)))
 
 
-def sources_note(res, what, device, figures, fmt_reference):
-    """A line naming where a column's figures come from: '- CPU forward: the CPU speed run
-    (…) `speed`; the CPU memory run (…) `memory` (rows …; Swin-T's there: T)'. Where
-    a column mixes sources, each but the one with the most rows names its rows; a source
-    other than the Swin-T row's names its Swin-T figure, the ratios' reference."""
+def sources_note(res, figures, fmt_reference):
+    """Where a column's figures come from: 'the CPU speed run (…) `speed`; the CPU memory
+    run (…) `memory` (rows …; Swin-T's there: T)', None if nowhere. Where a column mixes
+    sources, each but the one with the most rows names its rows; a source other than the
+    Swin-T row's names its Swin-T figure, the ratios' reference."""
     by_source = {}
     for key, fig in figures:
         if fig is not None:
@@ -395,7 +387,7 @@ def sources_note(res, what, device, figures, fmt_reference):
         if source != ref_source and ref is not None and fmt_reference:
             notes.append(f"{REFERENCE}'s there: {fmt_reference(ref)}")
         parts.append(cite(res, *source) + (f' ({"; ".join(notes)})' if notes else ''))
-    return f'- {device} {what}: ' + '; '.join(parts)
+    return '; '.join(parts)
 
 
 # --------------------------------------------------------------------------- tables
@@ -436,13 +428,12 @@ def render_detection_size_cpu(res):
             row += [value(fig.value) if fig else '–',
                     fmt_ratio(fig.ratio) if fig and fig.ratio else '–']
         rows.append(row)
-    notes = [sources_note(res, what, d, figures[what], fmt)
-             for what, fmt in (('forward', fmt_time), ('training step', fmt_time),
-                               ('peak memory', fmt_mb))]
-    merged = {}  # quantities read from the same sources share a line
-    for what, note in zip(('forward', 'training step', 'peak memory'), notes):
-        if note:
-            merged.setdefault(note.split(': ', 1)[1], []).append(what)
+    merged = {}  # where -> the quantities read from there: one line each
+    for what, fmt in (('forward', fmt_time), ('training step', fmt_time),
+                      ('peak memory', fmt_mb)):
+        where = sources_note(res, figures[what], fmt)
+        if where:
+            merged.setdefault(where, []).append(what)
     lines = [f'- {d} {" and ".join(whats)}: {where}' for where, whats in merged.items()]
     return table(header, rows) + '\n\n' + '\n'.join(lines)
 
@@ -703,9 +694,8 @@ def render_tests(res):
     """The test commands: what each ran, and its time."""
     rows = []
     for c in res.raw('tests')['commands']:
-        command = f'`{c["command"]}`' if c['command'][0].isascii() and (
-            c['command'].startswith(('bash', 'python', 'OMP', 'MMSOFT'))) else c['command']
-        rows.append([command + (f', {c["note"]}' if c.get('note') else ''), c['result'],
+        rows.append([f'`{c["command"]}`' + (f', {c["note"]}' if c.get('note') else ''),
+                     c['result'],
                      fmt_min(c['seconds'])])
     return (table(['command', 'result', 'time'], rows) + '\n\n'
             + f'From {cite(res, "tests", link_base=NOTES_LINK_BASE)}: '
