@@ -2,7 +2,7 @@
 
   memory   at the largest ``--sizes`` entry: one forward at batch 1 and one training step
            at ``--train-batch`` images, for SOFT-S modes, the official computation order
-           (forward only), XCiT-SimA-S12/16 and Swin-T
+           (forward only), XCiT-SimA-S12/16 and Swin-T (``--models``: those named)
   scaling  time and peak memory over the ``--sweep`` sizes, with the exponent of time vs
            token count fitted; vanilla softmax attention (PVT-Small without spatial
            reduction) is the quadratic baseline; ``--plot FILE.png`` draws it
@@ -11,6 +11,8 @@ import numpy as np
 
 from .common import child_measure, fmt, parse_size, soft_modes
 
+# the backbones beside SOFT-S and Swin-T the memory section measures
+MEMORY_MODELS = ('XCiT-SimA-S12/16', )
 SCALING_SERIES = (('SOFT-S', 'auto'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
                   ('PVT-S softmax (no SR)', None), ('Swin-T', None))
 
@@ -68,12 +70,17 @@ def section_scaling(args, out):
 
 def section_memory(args, out):
     """Peak memory at the largest ``--sizes`` entry, each model and step in its own
-    process: a forward at batch 1 and a training step at ``--train-batch`` images."""
+    process: a forward at batch 1 and a training step at ``--train-batch`` images, for
+    SOFT-S's modes (its default alone with ``--models``), XCiT-SimA-S12/16 (unless
+    ``--models`` leaves it out) and Swin-T."""
     size, b = args.sizes[-1], args.train_batch
-    series = [('SOFT-S', m) for m in soft_modes(args, ('auto', 'tf32', 'regularized',
-                                                        'grid16'))]
-    series += [('XCiT-SimA-S12/16', 'auto'), ('Swin-T', 'auto')]
-    if not args.skip_official:
+    named = getattr(args, 'models', None)
+    modes = ('auto', ) if named else ('auto', 'tf32', 'regularized', 'grid16')
+    series = ([('SOFT-S', m) for m in soft_modes(args, modes)]
+              if not named or 'SOFT-S' in named else [])
+    series += [(n, 'auto') for n in MEMORY_MODELS if not named or n in named]
+    series.append(('Swin-T', 'auto'))
+    if not args.skip_official and (not named or 'SOFT-S' in named):
         series.insert(1, ('SOFT-S', 'official order'))
     lines = [f'| backbone @{size} | forward, batch 1 | peak memory | forward+backward, '
              f'batch {b} | peak memory | training peak vs Swin-T |',

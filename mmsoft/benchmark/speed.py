@@ -4,11 +4,13 @@
          MMPretrain's XCiT-S12/16 at each ``--sizes`` entry, and SOFT-S in the official
          computation order (``mmsoft.testing.official_order``), all models in turn for
          ``--rounds`` rounds (median per model), with ratios to Swin-T
-  train  forward + backward of SOFT-S (default and fast modes) and Swin-T at
+  train  forward + backward of SOFT-S (default and fast modes), XCiT-SimA and Swin-T at
          ``--train-batch`` images: a training step without the optimizer
 
-On CUDA both also time SOFT-S with its stages replayed from CUDA graphs (``GRAPH_MODES``:
-the paper's landmarks and ``landmark_grid=16``). ``--soft-plans`` adds SOFT-S under other
+Both time SOFT-S with ``landmark_grid=16`` too and, on CUDA, with its stages replayed from
+CUDA graphs (``GRAPH_MODES``: the paper's landmarks and ``landmark_grid=16``). ``--models``
+keeps both to the backbones named (with Swin-T, the ratios' base), and the train section
+to SOFT-S's default and ``landmark_grid=16``. ``--soft-plans`` adds SOFT-S under other
 plans (``path_plan``'s names, e.g. 'tf32-1-8-pad32'): rows 'SOFT-S [plan NAME]'.
 
 ``--compile MODE`` adds SOFT-S and Swin-T under ``torch.compile(mode=MODE)`` to both.
@@ -20,6 +22,12 @@ from .common import (GRAPH_MODES, build, faster, fmt, measure, measure_path, par
 
 SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
+# SOFT-S's modes: the speed section's beside its default, and the train section's (with
+# --models, 'auto' and 'grid16' and the CUDA-graph modes)
+SPEED_MODES = ('grid16', ) + GRAPH_MODES
+TRAIN_MODES = ('auto', 'tf32', 'regularized', 'grid16') + GRAPH_MODES
+# the other backbones the train section times where --models names them (or is not given)
+TRAIN_MODELS = ('XCiT-SimA-S12/16', )
 
 
 def _models(args):
@@ -39,7 +47,7 @@ def section_speed(args, out):
             timed = {}
             for name in names:
                 timed[name] = measure(build(name), hw, args.device, args.repeat, amp=args.amp)
-            for mode in soft_modes(args, GRAPH_MODES) if 'SOFT-S' in names else ():
+            for mode in soft_modes(args, SPEED_MODES) if 'SOFT-S' in names else ():
                 timed[f'SOFT-S [{mode}]'] = measure(build('SOFT-S', mode), hw, args.device,
                                                     args.repeat, amp=args.amp)
             for path in _plans(args) if 'SOFT-S' in names else ():
@@ -114,18 +122,20 @@ def _compiled_lines(args, rows, soft_row='SOFT-S'):
 def section_train(args, out):
     rows = {}
     b = args.train_batch
+    named = getattr(args, 'models', None)
+    modes = [m for m in TRAIN_MODES if not named or m not in ('tf32', 'regularized')]
+    others = [n for n in TRAIN_MODELS if n in _models(args)]
     for size in args.sizes:
         hw = parse_size(size)
-        modes = (('auto', ) if getattr(args, 'models', None) else
-                 ('auto', 'tf32', 'regularized', 'grid16')) + GRAPH_MODES
-        for mode in soft_modes(args, modes):
+        for mode in soft_modes(args, modes) if not named or 'SOFT-S' in named else ():
             rows.setdefault(f'SOFT-S [{mode}]', {})[size] = measure(
                 build('SOFT-S', mode), hw, args.device, args.repeat, train=True, batch=b,
                 amp=args.amp)
         for path in _plans(args):
             rows.setdefault(f'SOFT-S [plan {path}]', {})[size] = measure_path(
                 path, hw, args.device, args.repeat, train=True, batch=b, amp=args.amp)
-        rows.setdefault('Swin-T', {})[size] = measure(build('Swin-T'), hw, args.device,
+        for name in others + ['Swin-T']:
+            rows.setdefault(name, {})[size] = measure(build(name), hw, args.device,
                                                       args.repeat, train=True, batch=b,
                                                       amp=args.amp)
         for name, t in _measure_compiled(args, hw, train=True, batch=b).items():

@@ -228,7 +228,9 @@ def test_speed_rounds_interleave_models(tmp_path, monkeypatch):
         order.append(model)
         return float(len(order))  # the k-th measurement takes k seconds
 
-    monkeypatch.setattr(speed, 'build', lambda name, mode='auto': name)
+    # a model stands for its row: the backbone's name, with SOFT-S's mode
+    monkeypatch.setattr(speed, 'build',
+                        lambda name, mode='auto': name if mode == 'auto' else f'{name} [{mode}]')
     monkeypatch.setattr(speed, 'measure', fake_measure)
     out = tmp_path / 'r.json'
     benchmark.main(['--device', 'cpu', '--sections', 'speed', '--sizes', '64x64',
@@ -362,6 +364,52 @@ def test_memory_section_rows_and_ratios_to_swin(monkeypatch):
     assert ('XCiT-SimA-S12/16', 'auto', True, 2) in calls  # trained at --train-batch
     assert '@128x96' in lines[0]  # the largest (last) --sizes entry
     assert out['memory']['XCiT-SimA-S12/16']['train']['peak_mb'] == 300.0
+
+
+def test_models_keep_speed_train_and_memory_to_the_backbones_named(monkeypatch):
+    """--models (what the lab's GPU call times at the detection size): the speed and train
+    sections time the backbones named with Swin-T, SOFT-S also with landmark_grid=16 (and
+    the CUDA-graph modes on CUDA), the train section XCiT-SimA among them; the memory
+    section SOFT-S's default, the backbones named and Swin-T. Without --models the train
+    and memory sections keep every SOFT-S mode and XCiT-SimA."""
+    from mmsoft.benchmark import memory, speed
+    monkeypatch.setattr(speed, 'build', lambda name, mode='auto': (name, mode))
+    monkeypatch.setattr(speed, 'measure', lambda *args, **kwargs: 1.0)
+    calls = []
+
+    def fake(name, mode, size, device, repeat, train=False, batch=1):
+        calls.append((name, mode, train))
+        return dict(time=0.5, peak_mb=100.0)
+
+    monkeypatch.setattr(memory, 'child_measure', fake)
+    graphs = {'SOFT-S [cuda graphs]', 'SOFT-S [grid16 + cuda graphs]'}
+    for device in ('cpu', 'cuda'):
+        for models in (['SOFT-S', 'XCiT-SimA-S12/16'], None):
+            args = argparse.Namespace(device=device, sizes=['64x64'], rounds=1, repeat=0,
+                                      amp=None, models=models, skip_official=True,
+                                      compile=None, train_batch=1, soft_plans=[])
+            out = {}
+            speed.section_speed(args, out)
+            speed.section_train(args, out)
+            calls.clear()
+            memory.section_memory(args, out)
+            extra = graphs if device == 'cuda' else set()
+            if models:
+                assert set(out['speed']) == {'SOFT-S', 'SOFT-S [grid16]', 'XCiT-SimA-S12/16',
+                                             'Swin-T'} | extra
+                assert set(out['train']) == {'SOFT-S [auto]', 'SOFT-S [grid16]',
+                                             'XCiT-SimA-S12/16', 'Swin-T'} | extra
+                assert set(out['memory']) == {'SOFT-S [auto]', 'XCiT-SimA-S12/16', 'Swin-T'}
+            else:
+                assert {'SOFT-S [grid16]', 'XCiT-SimA-S12/16', 'PVT-S'} <= set(out['speed'])
+                assert set(out['train']) == {
+                    'SOFT-S [auto]', 'SOFT-S [regularized]', 'SOFT-S [grid16]',
+                    'XCiT-SimA-S12/16', 'Swin-T'} | extra | (
+                        {'SOFT-S [tf32]'} if device == 'cuda' else set())
+                assert {'SOFT-S [regularized]', 'SOFT-S [grid16]',
+                        'XCiT-SimA-S12/16'} <= set(out['memory'])
+            assert ('XCiT-SimA-S12/16', 'auto', True) in calls
+            assert ('Swin-T', 'auto', True) in calls
 
 
 @pytest.mark.openmmlab  # mmdet builds the detectors

@@ -24,16 +24,16 @@ lab's (projects/soft_lab/benchmark.py, registered by ``--import projects.soft_la
            ``kernel_chunk`` and ``kernel_once_up_to`` should say
   speed    backbone forward (batch 1, no grad) at each ``--sizes`` entry, with ratios;
            ``--rounds K`` measures all models K times in turn (median per model)
-  train    forward + backward of the SOFT-Small backbone (default and fast modes) and
-           Swin-T at ``--train-batch`` images (2 by default, as a detector trains per
-           GPU): a training step without the optimizer
+  train    forward + backward of the SOFT-Small backbone (default and fast modes),
+           XCiT-SimA-S12/16 and Swin-T at ``--train-batch`` images (2 by default, as a
+           detector trains per GPU): a training step without the optimizer
   modes    SOFT attention modes: time, and deviation from the float64 20-step iterate on
            the parity fixture input and on a real photo (scikit-image's astronaut) and
            from the outputs the official code produced for the fixture
   memory   peak memory at the largest --sizes entry (a process per model and step): one
            forward at batch 1 and one training step at ``--train-batch`` images, for
            SOFT-S modes, the official computation order (forward only), XCiT-SimA-S12/16
-           and Swin-T
+           and Swin-T (``--models``: SOFT-S's default and the backbones named)
   launches ATen operators (on a GPU: kernel launches) per forward and training step of
            SOFT-S modes, XCiT-SimA and Swin-T at each ``--sizes`` entry, counted on the
            meta device with CUDA's plan (no GPU needed): eager mode's host work per step;
@@ -56,8 +56,9 @@ lab's (projects/soft_lab/benchmark.py, registered by ``--import projects.soft_la
 speed and train sections (MODE 'default', 'reduce-overhead' — CUDA graphs on a GPU — or
 'max-autotune'); each measurement compiles afresh from a reset (a static graph for its
 size), and its first, compiling call is not timed (it is printed). ``--models`` keeps
-the speed and train sections to the backbones named. ``--soft-plans`` adds SOFT-S under
-other attention plans to both (and to the profile), by the names of
+the speed, train and memory sections to the backbones named (and Swin-T).
+``--soft-plans`` adds SOFT-S under other attention plans to speed and train (and to the
+profile), by the names of
 tools/analysis_tools/fidelity.py's paths (e.g. ``iterative tf32-1-8 tf32-1-2-pad32``, or
 with the lab's candidates ``default+tf32-guarded``): the time of each candidate plan
 beside the floor that fidelity.py measures for it.
