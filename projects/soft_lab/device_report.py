@@ -78,10 +78,11 @@ exit status and seconds, and what it printed, mmengine's log lines left out),
 OUT/report.log (everything printed), OUT/<step>.json (the numbers; a detector step's
 OUT/<step>-ops.json, the tally of mmcv's ops) and OUT/report.json (the run: commit,
 date, torch, CUDA, cuDNN, GPU, the packages beside torch; per step its command, status,
-seconds, budget and files). Each is rewritten as it goes: a call cut short keeps what it
-measured. The benchmark is tools/analysis_tools/benchmark.py; the plan whose fields the
-steps measure is ``AttentionPlan`` in mmsoft/models/attention/plan.py. Run it from the
-repository root, with mmsoft importable (installed, or the root on PYTHONPATH).
+seconds, budget and files; the earlier calls into the same directory under 'earlier').
+Each is rewritten as it goes: a call cut short keeps what it measured. The benchmark is
+tools/analysis_tools/benchmark.py; the plan whose fields the steps measure is
+``AttentionPlan`` in mmsoft/models/attention/plan.py. Run it from the repository root,
+with mmsoft importable (installed, or the root on PYTHONPATH).
 
 On the GPU machine (no registry, no git; projects/soft_lab/README.md): here, run
 ``bash projects/soft_lab/gpu/prepare.sh`` (wheels and the commit into .gpu/, which the
@@ -549,11 +550,19 @@ def main(argv=None):
                                  *(sys.argv[1:] if argv is None else argv)]),
                      device_name(args.device))
     run.update(commit=rev, commit_from=source)
+    summary = osp.join(args.out, 'report.json')
+    earlier = []  # the calls before this one into the same directory (--steps later)
+    try:
+        with open(summary) as f:
+            last = json.load(f)
+        earlier = last.pop('earlier', []) + [last]
+    except (OSError, ValueError):
+        pass
     record = dict(run=run, machine=here, versions=versions(), part=args.part,
-                  small=args.small, budget=args.budget, steps=[])
+                  small=args.small, budget=args.budget, steps=[], earlier=earlier)
 
     def save():  # report.json, rewritten after every step (a call cut short keeps it)
-        with open(osp.join(args.out, 'report.json'), 'w') as f:
+        with open(summary, 'w') as f:
             json.dump(record, f, indent=1)
 
     failed = []

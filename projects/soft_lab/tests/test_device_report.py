@@ -420,3 +420,16 @@ def test_the_commit_travels_where_git_does_not(tmp_path, monkeypatch):
     assert json.loads(step.read_text())['run'] == dict(commit='feed')
     prepare = open(osp.join(ROOT, 'projects', 'soft_lab', 'gpu', 'prepare.sh')).read()
     assert '.gpu/commit' in prepare and device_report.PREPARED_COMMIT == '.gpu/commit'
+
+
+def test_a_further_call_keeps_the_earlier_ones(tmp_path, monkeypatch):
+    """--steps in a further call into the same directory: report.json describes this
+    call and keeps the earlier one under 'earlier' (report.md is appended to)."""
+    monkeypatch.setattr(device_report, 'run_step', lambda cmd, timeout: (0, 1.0, 'ok'))
+    device_report.main(['--device', 'cpu', '--steps', 'floor', '--out', str(tmp_path)])
+    device_report.main(['--device', 'cpu', '--steps', 'memory', '--out', str(tmp_path)])
+    record = json.loads((tmp_path / 'report.json').read_text())
+    assert [s['name'] for s in record['steps']] == ['memory']
+    assert [[s['name'] for s in e['steps']] for e in record['earlier']] == [['floor']]
+    report = (tmp_path / 'report.md').read_text()
+    assert report.count('# mmsoft device report') == 2 and '## floor: ' in report
