@@ -22,12 +22,10 @@ It serves the ops a detector's training iteration and test forward call:
 
 Any other op raises when called, naming it. torchvision is used where it imports and runs
 on the tensors' device (a build for another CUDA fails its first call; the op then falls
-back to PyTorch and says so). None of these ops is in the backbone: they cost RetinaNet
-and Mask R-CNN the same whatever the backbone, so the detector rows' differences are the
-backbones', while their ratios would be larger with faster ops. ``--tally FILE`` writes,
-and the script prints at exit, per op: the route taken, calls and seconds (on CUDA from
-events around each call, read at exit), so the report can say how much of a step they
-took.
+back to PyTorch and says so). None of these ops is in the backbone. ``--tally FILE``
+writes, and the script prints at exit, per op: the route taken, calls and seconds (on
+CUDA from events around each call, read at exit), so the report says how much of a step
+they took.
 """
 import atexit
 import json
