@@ -72,6 +72,24 @@ def cpu_model():
     return platform.processor() or 'unknown'
 
 
+def checkout_commit(root=PACKAGE_PARENT):
+    """The commit of the git checkout at ``root``, with ``+uncommitted`` where its mmsoft/
+    differs from it; None outside a git checkout."""
+    commit = git_output('rev-parse', 'HEAD', root=root)
+    if commit and git_output('status', '--porcelain', '--', 'mmsoft', root=root):
+        commit += '+uncommitted'
+    return commit
+
+
+def device_label(device):
+    """The device as the stored runs name it: the GPU's model, CUDA and whether TF32
+    convolutions are on, or the CPU's thread count."""
+    if device == 'cuda':
+        return (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
+                f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')
+    return f'CPU, {torch.get_num_threads()} threads'
+
+
 def run_record(command, device):
     """What a stored run measured: the commit of the checkout mmsoft is imported from
     (with ``+uncommitted`` where mmsoft/ differs from it; 'unknown' outside a git
@@ -82,9 +100,7 @@ def run_record(command, device):
     import platform
     from datetime import datetime, timezone
     from importlib import metadata
-    commit = git_output('rev-parse', 'HEAD') or 'unknown'
-    if commit != 'unknown' and git_output('status', '--porcelain', '--', 'mmsoft'):
-        commit += '+uncommitted'
+    commit = checkout_commit() or 'unknown'
     packages = {}
     for name in RECORDED_PACKAGES:
         try:
@@ -159,6 +175,9 @@ SOFT_MODES = {
 # modes: the same as 'auto' and 'grid16').
 GRAPH_MODES = ('cuda graphs', 'grid16 + cuda graphs')
 CUDA_ONLY_MODES = ('tf32', ) + GRAPH_MODES
+# The backbones beside SOFT-S and Swin-T whose training step the train (time) and memory
+# (peak memory) sections measure, where --models names them or is not given
+TRAINED_BESIDE = ('XCiT-SimA-S12/16', )
 
 
 def mode_plan(mode):

@@ -9,10 +9,8 @@
 """
 import numpy as np
 
-from .common import child_measure, fmt, parse_size, soft_modes
+from .common import TRAINED_BESIDE, child_measure, fmt, parse_size, soft_modes
 
-# the backbones beside SOFT-S and Swin-T the memory section measures
-MEMORY_MODELS = ('XCiT-SimA-S12/16', )
 SCALING_SERIES = (('SOFT-S', 'auto'), ('SOFT-S', 'grid16'), ('XCiT-SimA-S12/16', None),
                   ('PVT-S softmax (no SR)', None), ('Swin-T', None))
 
@@ -78,7 +76,7 @@ def section_memory(args, out):
     modes = ('auto', ) if named else ('auto', 'tf32', 'regularized', 'grid16')
     series = ([('SOFT-S', m) for m in soft_modes(args, modes)]
               if not named or 'SOFT-S' in named else [])
-    series += [(n, 'auto') for n in MEMORY_MODELS if not named or n in named]
+    series += [(n, 'auto') for n in TRAINED_BESIDE if not named or n in named]
     series.append(('Swin-T', 'auto'))
     if not args.skip_official and (not named or 'SOFT-S' in named):
         series.insert(1, ('SOFT-S', 'official order'))

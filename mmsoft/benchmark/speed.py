@@ -17,8 +17,8 @@ plans (``path_plan``'s names, e.g. 'tf32-1-8-pad32'): rows 'SOFT-S [plan NAME]'.
 """
 import numpy as np
 
-from .common import (GRAPH_MODES, build, faster, fmt, measure, measure_path, parse_size,
-                     soft_modes)
+from .common import (GRAPH_MODES, TRAINED_BESIDE, build, faster, fmt, measure, measure_path,
+                     parse_size, soft_modes)
 
 SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
                 'XCiT-SimA-S12/16 trunk', 'XCiT-S12/16 (mmpretrain)')
@@ -26,8 +26,6 @@ SPEED_MODELS = ('SOFT-S', 'Swin-T', 'PVT-S', 'ResNet-50', 'XCiT-SimA-S12/16',
 # --models, 'auto' and 'grid16' and the CUDA-graph modes)
 SPEED_MODES = ('grid16', ) + GRAPH_MODES
 TRAIN_MODES = ('auto', 'tf32', 'regularized', 'grid16') + GRAPH_MODES
-# the other backbones the train section times where --models names them (or is not given)
-TRAIN_MODELS = ('XCiT-SimA-S12/16', )
 
 
 def _models(args):
@@ -124,7 +122,7 @@ def section_train(args, out):
     b = args.train_batch
     named = getattr(args, 'models', None)
     modes = [m for m in TRAIN_MODES if not named or m not in ('tf32', 'regularized')]
-    others = [n for n in TRAIN_MODELS if n in _models(args)]
+    others = [n for n in TRAINED_BESIDE if n in _models(args)]
     for size in args.sizes:
         hw = parse_size(size)
         for mode in soft_modes(args, modes) if not named or 'SOFT-S' in named else ():

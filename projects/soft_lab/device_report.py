@@ -278,23 +278,14 @@ BESIDE = ('torchvision', 'triton', 'skimage', 'PIL', 'pytest', 'mmengine', 'mmcv
           'mmpretrain')
 
 
-def device_name(device):
-    """The device, as the benchmark names it."""
-    import torch
-    if device != 'cuda':
-        return f'CPU, {torch.get_num_threads()} threads'
-    return (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 convolutions '
-            f'{"on" if torch.backends.cudnn.allow_tf32 else "off"}')
-
-
 def commit():
-    """(commit, where it was read): git's HEAD (with +uncommitted where mmsoft/ differs),
-    else what prepare.sh stored in PREPARED_COMMIT, else ('unknown', None)."""
-    from mmsoft.benchmark.common import git_output
-    rev = git_output('rev-parse', 'HEAD', root=ROOT)
+    """(commit, where it was read): the checkout's (``checkout_commit``: git's HEAD, with
+    +uncommitted where mmsoft/ differs), else what prepare.sh stored in PREPARED_COMMIT,
+    else ('unknown', None)."""
+    from mmsoft.benchmark.common import checkout_commit
+    rev = checkout_commit(ROOT)
     if rev:
-        dirty = git_output('status', '--porcelain', '--', 'mmsoft', root=ROOT)
-        return rev + ('+uncommitted' if dirty else ''), 'git'
+        return rev, 'git'
     try:
         with open(osp.join(ROOT, PREPARED_COMMIT)) as f:
             return f.read().strip(), PREPARED_COMMIT
@@ -318,17 +309,19 @@ def versions():
     return found
 
 
-def machine(device):
-    """Lines describing where the report was measured."""
+def machine(device, rev, source, found):
+    """Lines describing where the report was measured: the device, the commit ``rev``
+    (read from ``source``, ``commit``) and the packages ``found`` beside torch
+    (``versions``)."""
     import torch
+
+    from mmsoft.benchmark.common import device_label
     lines = [f'- date (UTC): {time.strftime("%Y-%m-%d %H:%M", time.gmtime())}',
              f'- torch {torch.__version__}, Python {platform.python_version()}, '
              f'{os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads)']
     if device == 'cuda':
-        lines.append(f'- GPU: {device_name(device)}, cuDNN {torch.backends.cudnn.version()}')
-    rev, source = commit()
+        lines.append(f'- GPU: {device_label(device)}, cuDNN {torch.backends.cudnn.version()}')
     lines.append(f'- mmsoft commit {rev}' + (f' (from {source})' if source != 'git' else ''))
-    found = versions()
     lines.append('- beside torch: ' + ', '.join(f'{n} {v}' for n, v in found.items() if v)
                  + ''.join(f'; no {n}' for n, v in found.items() if not v))
     return lines
@@ -507,10 +500,9 @@ def candidates(out, timed_step='fp32', floor_step='fidelity'):
     return lines
 
 
-def _entry(name, cmd, status, seconds):
+def _entry(name, cmd, status, seconds, out=None):
     """A step's record in report.json: its command, how it ended, its budget and the
-    files it wrote."""
-    out = osp.dirname(cmd[cmd.index('--json') + 1]) if '--json' in cmd else None
+    files it wrote into ``out`` (none where it did not run)."""
     files = [f for f in (f'{name}.json', f'{name}-ops.json')
              if out and osp.exists(osp.join(out, f))]
     ops = None
@@ -539,16 +531,17 @@ def main(argv=None):
         with open(path, 'a') as f:
             f.write('\n'.join(lines) + '\n')
 
-    here = machine(args.device)
+    from mmsoft.benchmark.common import device_label, run_record
+    rev, source = commit()
+    found = versions()
+    here = machine(args.device, rev, source, found)
     header = ['# mmsoft device report', ''] + here
     if args.small:
         header.append('- toy sizes (--small): a check of the script, not a measurement')
     write(header)
-    from mmsoft.benchmark.common import run_record
-    rev, source = commit()
     run = run_record(shlex.join(['python3', 'projects/soft_lab/device_report.py',
                                  *(sys.argv[1:] if argv is None else argv)]),
-                     device_name(args.device))
+                     device_label(args.device))
     run.update(commit=rev, commit_from=source)
     summary = osp.join(args.out, 'report.json')
     earlier = []  # the calls before this one into the same directory (--steps later)
@@ -558,7 +551,7 @@ def main(argv=None):
         earlier = last.pop('earlier', []) + [last]
     except (OSError, ValueError):
         pass
-    record = dict(run=run, machine=here, versions=versions(), part=args.part,
+    record = dict(run=run, machine=here, versions=found, part=args.part,
                   small=args.small, budget=args.budget, steps=[], earlier=earlier)
 
     def save():  # report.json, rewritten after every step (a call cut short keeps it)
@@ -599,9 +592,11 @@ def main(argv=None):
             if code != 0:
                 failed.append(name)
             write(section + [f'{status}, {seconds:.0f} s', ''] + shown(printed, name))
-            for f in _entry(name, cmd, status, seconds)['files']:
-                stamp(osp.join(args.out, f), rev)
-            record['steps'].append(_entry(name, cmd, status, seconds))
+            entry = _entry(name, cmd, status, seconds, args.out)
+            if source == PREPARED_COMMIT:  # the steps' own records could not read it
+                for f in entry['files']:
+                    stamp(osp.join(args.out, f), rev)
+            record['steps'].append(entry)
             save()
             print(f'[{name}] {status}, {seconds:.0f} s', flush=True)
     write(candidates(args.out))

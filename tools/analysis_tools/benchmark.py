@@ -92,7 +92,8 @@ import sys
 import torch
 
 from mmsoft.benchmark import SECTIONS
-from mmsoft.benchmark.common import AMP_DTYPES, import_modules, path_plan, run_record
+from mmsoft.benchmark.common import (AMP_DTYPES, device_label, import_modules, path_plan,
+                                     run_record)
 from mmsoft.models.attention import PLANS
 
 # The lab (projects/soft_lab/): its candidates and the plan's sections, by --import
@@ -216,11 +217,7 @@ def main(argv=None):
             parser.error(f'--soft-plans: {e}' + (f" (the lab's candidates, e.g. "
                                                  f'+tf32-guarded, need --import {LAB})'
                                                  if lab else ''))
-    if args.device == 'cuda':
-        dev = (f'{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, TF32 '
-               f'convolutions {"on" if torch.backends.cudnn.allow_tf32 else "off"}')
-    else:
-        dev = f'CPU, {torch.get_num_threads()} threads'
+    dev = device_label(args.device)
     precision = (f'autocast to {AMP_DTYPES[args.amp]} in speed and train'
                  if args.amp else 'float32')
     print(f'# mmsoft benchmark: {dev}, torch {torch.__version__}, {precision}')
